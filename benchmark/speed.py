@@ -1,0 +1,84 @@
+"""Speed and memory of the algorithm scripts on one fixed workload, written as a markdown table.
+
+Workload: Hopper-v4, 1 env, batch 256, default networks, --learning-starts 1000 random steps, then
+--updates gradient updates (one per env step), no periodic evaluation. Steps/s is the script's own
+charts/SPS: env steps per second counted from the first gradient update, read from its TensorBoard log.
+Peak memory is the process's maximum resident set (CPU) and torch's peak allocation (CUDA).
+
+    python benchmark/speed.py                       # every script, CPU, and CUDA when present
+    python benchmark/speed.py --scripts td3_continuous.py --devices cpu --updates 3000
+"""
+import argparse
+import datetime
+import importlib.util
+import json
+import platform
+import resource
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = ["td3_continuous.py"]
+
+
+def child(script, device, updates, threads):
+    """Run the workload in this process; print one JSON line with the measurements."""
+    import torch
+    import tyro
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    spec = importlib.util.spec_from_file_location(Path(script).stem, REPO / script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    flags = ["--env-id", "Hopper-v4", "--num-envs", "1", "--batch-size", "256", "--learning-starts", "1000",
+             "--total-timesteps", str(1000 + updates), "--eval-freq", "0", "--eval-episodes", "1",
+             "--checkpoint-freq", "0", "--log-freq", "500", "--torch-threads", str(threads),
+             "--cuda" if device == "cuda" else "--no-cuda"]
+    summary = module.main(tyro.cli(module.Args, args=flags))
+    events = EventAccumulator(summary["run_dir"], size_guidance={"scalars": 0})
+    events.Reload()
+    sps = events.Scalars("charts/SPS")[-1].value
+    print(json.dumps({"sps": sps, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "peak_cuda_mib": torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None}))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scripts", nargs="+", default=SCRIPTS)
+    parser.add_argument("--devices", nargs="+", default=None, help="cpu and/or cuda (default: cpu, and cuda if present)")
+    parser.add_argument("--updates", type=int, default=5000)
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: one per core)")
+    parser.add_argument("--out", default=str(REPO / "benchmark" / "results" / "speed.md"))
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args.child[0], args.child[1], args.updates, args.threads)
+    import torch
+
+    devices = args.devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
+    machine = torch.cuda.get_device_name() if "cuda" in devices else f"{platform.processor() or platform.machine()}"
+    rows = []
+    for script in args.scripts:
+        for device in devices:
+            out = subprocess.run([sys.executable, __file__, "--child", script, device, "--updates", str(args.updates),
+                                  "--threads", str(args.threads)], capture_output=True, text=True, cwd=tempfile.mkdtemp())
+            if out.returncode:
+                sys.exit(f"{script} on {device} failed:\n{out.stderr[-2000:]}")
+            m = json.loads(out.stdout.strip().splitlines()[-1])
+            cuda = f"{m['peak_cuda_mib']:.0f}" if m["peak_cuda_mib"] is not None else "-"
+            rows.append(f"| {script} | {device} | {m['sps']:.0f} | {m['peak_rss_mib']:.0f} | {cuda} |")
+            print(rows[-1], flush=True)
+    header = (f"\n## {datetime.date.today()}: {os.cpu_count()} cores, {machine}, torch {torch.__version__}, "
+              f"{args.threads or 'default'} threads, {args.updates} updates\n\n"
+              "| script | device | steps/s | peak RSS (MiB) | peak CUDA (MiB) |\n|---|---|---|---|---|\n")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "a") as f:
+        f.write(header + "\n".join(rows) + "\n")
+    print(f"appended to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""What every continuous-action script must do the same way: outputs, bad input, resume, determinism,
+signals, the NaN guard, truncation handling, wandb and video. Parametrised over the scripts."""
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import (CONTINUOUS_SCRIPTS, REPO, TINY, cli_env, flags_with, load_checkpoint, run_cli,
+                            run_main)
+
+pytestmark = pytest.mark.parametrize("script", CONTINUOUS_SCRIPTS)
+
+
+def read_evaluations(run_dir):
+    with open(Path(run_dir) / "evaluations.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_smoke_outputs(script, tiny_runs):
+    run_dir = tiny_runs(script)
+    assert run_dir.name.startswith(f"Hopper-v4__{script}__1__")
+    rows = read_evaluations(run_dir)
+    assert [int(r["global_step"]) for r in rows] == [200, 400]
+    assert all(len(r["returns"].split()) == 2 for r in rows)
+    assert (run_dir / "args.json").exists() and (run_dir / "model.pt").exists()
+    assert list(run_dir.glob("events.out.tfevents.*"))
+    assert load_checkpoint(run_dir)["global_step"] == 400
+
+
+BAD_INPUT = {
+    "unknown env": (["--env-id", "NoSuchEnv-v0"], "NoSuchEnv"),
+    "discrete env": (["--env-id", "CartPole-v1"], "Discrete action space"),
+    "zero steps": (["--total-timesteps", "0"], "--total-timesteps must be positive"),
+    "negative buffer": (["--buffer-size", "-5"], "--buffer-size must be positive"),
+    "batch above buffer": (["--batch-size", "512", "--buffer-size", "100"], "--batch-size 512 is larger"),
+    "missing resume": (["--resume", "missing.pt"], "cannot read --resume file missing.pt"),
+    "garbage resume": (["--resume", "garbage.pt"], "cannot read --resume file garbage.pt"),
+    "mismatched resume": (["--batch-size", "64"], "was made with --batch-size 32, not 64"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUT)
+def test_bad_input_is_one_line(script, case, tmp_path, tiny_runs):
+    flags, expected = BAD_INPUT[case]
+    (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint")
+    if case == "mismatched resume":
+        flags = flags_with(TINY, resume=tiny_runs(script) / "checkpoint.pt", **{"batch_size": 64})
+    result = run_cli(script, flags, tmp_path, timeout=120)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0] and lines[0].startswith("error: "), result.stderr
+    assert not (tmp_path / "runs").exists()  # failed before any training
+
+
+def straight_run(script, cwd, monkeypatch, **overrides):
+    return run_main(script, flags_with(TINY, **overrides), cwd, monkeypatch)
+
+
+def test_same_seed_same_numbers(script, tmp_path, monkeypatch):
+    a = straight_run(script, tmp_path / "a", monkeypatch)
+    b = straight_run(script, tmp_path / "b", monkeypatch)
+    assert [r["returns"] for r in read_evaluations(a["run_dir"])] == [r["returns"] for r in read_evaluations(b["run_dir"])]
+    c = straight_run(script, tmp_path / "c", monkeypatch, seed=2)
+    assert read_evaluations(a["run_dir"])[-1]["returns"] != read_evaluations(c["run_dir"])[-1]["returns"]
+
+
+def test_resume_continues_identically(script, tmp_path, monkeypatch):
+    """400 steps straight == 200 steps, then --resume for 200 more: every parameter and buffer row, bit for bit."""
+    straight = load_checkpoint(straight_run(script, tmp_path / "a", monkeypatch)["run_dir"])
+    half = straight_run(script, tmp_path / "b", monkeypatch, total_timesteps=200)
+    resumed = straight_run(script, tmp_path / "b", monkeypatch, resume=Path(half["run_dir"]) / "checkpoint.pt")
+    assert resumed["run_dir"] == half["run_dir"] and resumed["global_step"] == 400
+    resumed = load_checkpoint(resumed["run_dir"])
+    compared = 0
+    for name, state in straight.items():
+        if isinstance(state, dict) and all(isinstance(v, torch.Tensor) for v in state.values()) and state:
+            for key, tensor in state.items():
+                assert torch.equal(tensor, resumed[name][key]), f"{name}.{key} differs after resume"
+                compared += 1
+    assert compared > 10
+    assert torch.equal(straight["rb"]["data"], resumed["rb"]["data"])
+    assert str(straight["optimizers" if "optimizers" in straight else "q_optimizer"]) == str(
+        resumed["optimizers" if "optimizers" in resumed else "q_optimizer"])
+
+
+@pytest.mark.parametrize("env_id,terminate_at", [("Counter-v0", None), ("CounterTerminates-v0", 4)])
+def test_truncation_stores_true_final_obs(script, env_id, terminate_at, tmp_path, monkeypatch):
+    """The counter env's observation is its step count: every stored next_obs must be obs + 1, also at the
+    7-step time limit, and only a true termination is stored as terminal."""
+    run = straight_run(script, tmp_path, monkeypatch, env_id=f"tests.toy_envs:{env_id}", num_envs=2,
+                       total_timesteps=60, learning_starts=1000, checkpoint_freq=60)
+    data = load_checkpoint(run["run_dir"])["rb"]["data"]
+    obs, next_obs = data[:, 0], data[:, -1]
+    terminated = data[:, -2]
+    assert len(data) == 60
+    assert torch.equal(next_obs, obs + 1)
+    assert (next_obs == (terminate_at or 7)).any()  # episodes ended, and kept their real final observation
+    expected_terminal = (next_obs == terminate_at).float() if terminate_at else torch.zeros_like(terminated)
+    assert torch.equal(terminated, expected_terminal)
+
+
+def test_nonfinite_loss_stops_with_step(script, tmp_path):
+    flags = flags_with(TINY, env_id="tests.toy_envs:CounterInfReward-v0", total_timesteps=2000, learning_starts=100,
+                       log_freq=20, checkpoint_freq=0)
+    result = run_cli(script, flags, tmp_path, timeout=300)
+    assert result.returncode == 1
+    line = result.stderr.strip().splitlines()[-1]
+    assert "non-finite" in line and "loss at global_step" in line, result.stderr
+    assert 300 <= int(line.split("global_step ")[1].split(";")[0]) < 2000
+
+
+def test_sigterm_writes_checkpoint_and_resumes(script, tmp_path):
+    flags = flags_with(TINY, total_timesteps=10**6, checkpoint_freq=0, eval_freq=0)
+    proc = subprocess.Popen([sys.executable, str(REPO / f"{script}.py"), *flags], cwd=tmp_path, env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("run ")
+    time.sleep(4)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "SIGTERM" in stderr and "Traceback" not in stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    step = load_checkpoint(run_dir)["global_step"]
+    assert step > 0
+    result = run_cli(script, flags_with(flags, resume=run_dir / "checkpoint.pt", total_timesteps=step + 50), tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"resumed {run_dir.resolve()} at global_step {step}" in result.stdout or f"at global_step {step}" in result.stdout
+
+
+def test_track_wandb_offline(script, tmp_path):
+    result = run_cli(script, flags_with(TINY, total_timesteps=250, eval_freq=0) + ["--track"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert list((run_dir / "wandb").glob("offline-run-*/*.wandb"))
+
+
+def egl_available():
+    try:
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        from mujoco.egl import GLContext
+
+        GLContext(8, 8).free()
+        return True
+    except Exception:
+        return False
+
+
+def test_capture_video_writes_frames(script, tmp_path):
+    if not egl_available() and not os.environ.get("CI"):
+        pytest.skip("headless MuJoCo rendering needs Debian's libegl1 and libgl1 (.ci/run installs them)")
+    flags = flags_with(TINY, env_id="InvertedPendulum-v4", total_timesteps=250, eval_freq=0, eval_episodes=1)
+    result = run_cli(script, flags + ["--capture-video"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    videos = list((tmp_path / "videos").glob("*/*.mp4"))
+    assert videos, result.stderr
+    import imageio.v2 as imageio
+
+    frames = [frame for frame in imageio.get_reader(videos[0])]
+    assert len(frames) > 1 and np.asarray(frames[0]).std() > 0  # real frames of a real scene, not blank

@@ -1,0 +1,54 @@
+"""TD3's own parts: the target, the replay buffer, action scaling, and the learning test."""
+import numpy as np
+import pytest
+import torch
+
+import td3_continuous as td3
+from tests.conftest import flags_with, run_main
+
+
+def test_target_bootstraps_through_truncation_not_termination():
+    reward, next_q = torch.tensor([[1.0], [1.0]]), torch.tensor([[10.0], [10.0]])
+    terminated = torch.tensor([[1.0], [0.0]])  # row 0 terminated; row 1 truncated (stored as not terminated)
+    target = td3.td3_target(reward, terminated, next_q, gamma=0.99)
+    assert torch.allclose(target, torch.tensor([[1.0], [1.0 + 0.99 * 10.0]]))
+
+
+def test_buffer_wraps_around_and_samples_only_filled_rows():
+    rb = td3.ReplayBuffer(capacity=5, obs_dim=1, act_dim=1, device="cpu")
+
+    def add(values):  # two envs per step; obs identifies the row
+        v = np.array(values, np.float64)
+        rb.add(v[:, None], v[:, None], v, np.zeros(2), v[:, None] + 1)
+
+    add([1, 2])
+    add([3, 4])
+    assert len(rb) == 4 and not rb.full
+    obs = rb.sample(2000)[0]
+    assert set(obs.flatten().tolist()) == {1.0, 2.0, 3.0, 4.0}  # never an empty row
+    add([5, 6])  # 6 goes to row 0: wrap-around
+    assert rb.full and rb.pos == 1 and len(rb) == 5
+    assert rb.data[:, 0].tolist() == [6.0, 2.0, 3.0, 4.0, 5.0]
+    obs, action, reward, terminated, next_obs = rb.sample(2000)
+    assert set(obs.flatten().tolist()) == {2.0, 3.0, 4.0, 5.0, 6.0}
+    assert torch.equal(next_obs, obs + 1) and torch.equal(action, obs) and reward.shape == (2000, 1)
+
+
+def test_action_scaling_with_asymmetric_bounds():
+    low, high = np.array([0.0, -2.0], np.float32), np.array([1.0, 4.0], np.float32)
+    assert np.allclose(td3.to_env(np.array([-1.0, -1.0]), low, high), low)
+    assert np.allclose(td3.to_env(np.array([1.0, 1.0]), low, high), high)
+    assert np.allclose(td3.to_env(np.array([0.0, 0.0]), low, high), [0.5, 1.0])
+    assert np.allclose(td3.to_env(np.array([0.5, -0.5]), low, high), [0.75, -0.5])
+
+
+def test_critic_heads_are_independent_networks_and_q1_fixed_gives_no_critic_grads():
+    torch.manual_seed(0)
+    qf, actor = td3.Critic(3, 2), td3.Actor(3, 2)
+    obs = torch.randn(8, 3)
+    q = qf(obs, actor(obs))
+    assert q.shape == (2, 8, 1) and not torch.allclose(q[0], q[1])
+    assert torch.allclose(qf.q1_fixed(obs, actor(obs)), q[0])
+    (-qf.q1_fixed(obs, actor(obs)).mean()).backward()
+    assert all(p.grad is None for p in qf.parameters())
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in actor.parameters())
