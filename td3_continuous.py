@@ -288,6 +288,15 @@ def update_actor(obs, actor, qf, actor_optimizer):
     return actor_loss.detach()
 
 
+def drop_evaluations_after(path, global_step):
+    """On resume, forget evaluations made after the checkpoint: the resumed run makes them again."""
+    if os.path.exists(path):
+        with open(path, newline="") as f:
+            rows = list(csv.reader(f))
+        with open(path, "w", newline="") as f:
+            csv.writer(f).writerows(rows[:1] + [row for row in rows[1:] if int(row[0]) <= global_step])
+
+
 def evaluate(actor, env_id, episodes, seed, device, video_folder=None, video_prefix="eval"):
     """Returns of `episodes` full episodes of the deterministic policy (no noise), on a separate env."""
     if video_folder:
@@ -380,9 +389,13 @@ def main(args):
     if checkpoint:
         for name, module in modules.items():
             module.load_state_dict(checkpoint[name])
-        for env, state in zip(envs.envs, checkpoint["envs"]):
-            set_env_state(env, state)
-        obs, episode_return, episode_length = checkpoint["obs"], checkpoint["episode_return"], checkpoint["episode_length"]
+        if all("mujoco" in state or "state" in state for state in checkpoint["envs"]):
+            for env, state in zip(envs.envs, checkpoint["envs"]):
+                set_env_state(env, state)
+            obs, episode_return, episode_length = checkpoint["obs"], checkpoint["episode_return"], checkpoint["episode_length"]
+        else:
+            print(f"warning: cannot restore the state of {args.env_id}; the resumed run starts new episodes",
+                  file=sys.stderr)
         global_step, num_updates, wall_time = checkpoint["global_step"], checkpoint["num_updates"], checkpoint["wall_time"]
         random.setstate(checkpoint["rng"]["python"])
         np.random.set_state(checkpoint["rng"]["numpy"])
@@ -390,6 +403,7 @@ def main(args):
         torch.set_rng_state(checkpoint["rng"]["torch"])
         if device.type == "cuda" and checkpoint["rng"]["cuda"] is not None:
             torch.cuda.set_rng_state(checkpoint["rng"]["cuda"])
+        drop_evaluations_after(os.path.join(run_dir, "evaluations.csv"), global_step)
         print(f"resumed {run_dir} at global_step {global_step}")
 
     checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
