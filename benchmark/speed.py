@@ -14,6 +14,7 @@ import importlib.util
 import json
 import platform
 import resource
+import statistics
 import os
 import subprocess
 import sys
@@ -50,6 +51,7 @@ def main():
     parser.add_argument("--scripts", nargs="+", default=SCRIPTS)
     parser.add_argument("--devices", nargs="+", default=None, help="cpu and/or cuda (default: cpu, and cuda if present)")
     parser.add_argument("--updates", type=int, default=5000)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per script and device; the median is reported")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: one per core)")
     parser.add_argument("--out", default=str(REPO / "benchmark" / "results" / "speed.md"))
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
@@ -63,17 +65,23 @@ def main():
     rows = []
     for script in args.scripts:
         for device in devices:
-            out = subprocess.run([sys.executable, __file__, "--child", script, device, "--updates", str(args.updates),
-                                  "--threads", str(args.threads)], capture_output=True, text=True, cwd=tempfile.mkdtemp())
-            if out.returncode:
-                sys.exit(f"{script} on {device} failed:\n{out.stderr[-2000:]}")
-            m = json.loads(out.stdout.strip().splitlines()[-1])
-            cuda = f"{m['peak_cuda_mib']:.0f}" if m["peak_cuda_mib"] is not None else "-"
-            rows.append(f"| {script} | {device} | {m['sps']:.0f} | {m['peak_rss_mib']:.0f} | {cuda} |")
+            runs = []
+            for _ in range(args.repeats):
+                out = subprocess.run([sys.executable, __file__, "--child", script, device, "--updates",
+                                      str(args.updates), "--threads", str(args.threads)],
+                                     capture_output=True, text=True, cwd=tempfile.mkdtemp())
+                if out.returncode:
+                    sys.exit(f"{script} on {device} failed:\n{out.stderr[-2000:]}")
+                runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            sps = sorted(m["sps"] for m in runs)
+            cuda = f"{max(m['peak_cuda_mib'] for m in runs):.0f}" if device == "cuda" else "-"
+            rows.append(f"| {script} | {device} | {statistics.median(sps):.0f} | {sps[0]:.0f}-{sps[-1]:.0f} | "
+                        f"{max(m['peak_rss_mib'] for m in runs):.0f} | {cuda} |")
             print(rows[-1], flush=True)
     header = (f"\n## {datetime.date.today()}: {os.cpu_count()} cores, {machine}, torch {torch.__version__}, "
-              f"{args.threads or 'default'} threads, {args.updates} updates\n\n"
-              "| script | device | steps/s | peak RSS (MiB) | peak CUDA (MiB) |\n|---|---|---|---|---|\n")
+              f"{args.threads or 'default'} threads, {args.updates} updates, "
+              f"median of {args.repeats} runs\n\n"
+              "| script | device | steps/s (median) | range | peak RSS (MiB) | peak CUDA (MiB) |\n|---|---|---|---|---|---|\n")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "a") as f:
         f.write(header + "\n".join(rows) + "\n")
