@@ -75,7 +75,7 @@ class Args:
     """the batch size of samples from the replay memory"""
     gamma: float = 0.99
     """the discount factor gamma"""
-    eval_freq: int = 10000
+    eval_freq: int = 5000
     """deterministic evaluation every this many env steps (0: only the final evaluation)"""
     eval_episodes: int = 10
     """episodes per evaluation"""
@@ -297,8 +297,8 @@ def drop_evaluations_after(path, global_step):
             csv.writer(f).writerows(rows[:1] + [row for row in rows[1:] if int(row[0]) <= global_step])
 
 
-def evaluate(actor, env_id, episodes, seed, device, video_folder=None, video_prefix="eval"):
-    """Returns of `episodes` full episodes of the deterministic policy (no noise), on a separate env."""
+def evaluate(policy, env_id, episodes, seed, device, video_folder=None, video_prefix="eval"):
+    """Returns of `episodes` full episodes of the deterministic `policy` (no noise), on a separate env."""
     if video_folder:
         env = gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), video_folder,
                                        episode_trigger=lambda e: e == 0, name_prefix=video_prefix)
@@ -311,7 +311,7 @@ def evaluate(actor, env_id, episodes, seed, device, video_folder=None, video_pre
         done, episode_return = False, 0.0
         while not done:
             with torch.no_grad():
-                action = actor(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])[0].cpu().numpy()
+                action = policy(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])[0].cpu().numpy()
             obs, reward, terminated, truncated, _ = env.step(to_env(action, low, high))
             episode_return += float(reward)
             done = terminated or truncated
