@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = ["td3_continuous.py"]
+SCRIPTS = ["td3_continuous.py", "td7_continuous.py"]
 
 
 def child(script, device, updates, threads):

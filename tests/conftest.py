@@ -14,7 +14,9 @@ REPO = Path(__file__).resolve().parent.parent
 TINY = ["--total-timesteps", "400", "--learning-starts", "200", "--batch-size", "32", "--buffer-size", "1000",
         "--eval-freq", "200", "--eval-episodes", "2", "--checkpoint-freq", "200", "--log-freq", "50", "--no-cuda",
         "--torch-threads", "1"]
-CONTINUOUS_SCRIPTS = ["td3_continuous"]
+CONTINUOUS_SCRIPTS = ["td3_continuous", "td7_continuous"]
+# What a script needs beside --num-envs above 1 (TD7's checkpoints judge whole episodes of one policy).
+MULTI_ENV_FLAGS = {"td7_continuous": ["--no-checkpoints"]}
 
 
 def flags_with(flags, **overrides):

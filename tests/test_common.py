@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import (CONTINUOUS_SCRIPTS, REPO, TINY, cli_env, flags_with, load_checkpoint, run_cli,
+from tests.conftest import (CONTINUOUS_SCRIPTS, MULTI_ENV_FLAGS, REPO, TINY, cli_env, flags_with, load_checkpoint, run_cli,
                             run_main)
 
 pytestmark = pytest.mark.parametrize("script", CONTINUOUS_SCRIPTS)
@@ -110,8 +110,9 @@ def test_resume_continues_identically(script, tmp_path, monkeypatch):
 def test_truncation_stores_true_final_obs(script, env_id, terminate_at, tmp_path, monkeypatch):
     """The counter env's observation is its step count: every stored next_obs must be obs + 1, also at the
     7-step time limit, and only a true termination is stored as terminal."""
-    run = straight_run(script, tmp_path, monkeypatch, env_id=f"tests.toy_envs:{env_id}", num_envs=2,
-                       total_timesteps=60, learning_starts=1000, checkpoint_freq=60)
+    flags = flags_with(TINY, env_id=f"tests.toy_envs:{env_id}", num_envs=2, total_timesteps=60, learning_starts=1000,
+                       checkpoint_freq=60) + MULTI_ENV_FLAGS.get(script, [])
+    run = run_main(script, flags, tmp_path, monkeypatch)
     data = load_checkpoint(run["run_dir"])["rb"]["data"]
     obs, next_obs = data[:, 0], data[:, -1]
     terminated = data[:, -2]
@@ -128,7 +129,7 @@ def test_nonfinite_loss_stops_with_step(script, tmp_path):
     result = run_cli(script, flags, tmp_path, timeout=300)
     assert result.returncode == 1
     line = result.stderr.strip().splitlines()[-1]
-    assert "non-finite" in line and "loss at global_step" in line, result.stderr
+    assert line.startswith("error: non-finite") and " loss at " in line, result.stderr
     assert 300 <= int(line.split("global_step ")[1].split(";")[0]) < 2000
 
 
