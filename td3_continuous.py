@@ -420,6 +420,7 @@ def main(args):
         os.replace(checkpoint_path + ".tmp", checkpoint_path)  # a kill while writing leaves the old checkpoint whole
 
     def run_evaluation():
+        stop_if_nonfinite()
         video_folder = os.path.join("videos", run_name) if args.capture_video else None
         returns = evaluate(actor, args.env_id, args.eval_episodes, args.seed + 100_000, device, video_folder,
                            video_prefix=f"step-{global_step}")

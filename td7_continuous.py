@@ -20,7 +20,7 @@ the algorithm:
 Offline mode (--offline --dataset PATH) trains on a fixed .npz dataset with the TD3+BC term and no policy
 checkpoints, as the authors' D4RL mode; global_step then counts training steps. The file holds float arrays
 observations (N, obs_dim), actions (N, act_dim) in the env's units, rewards (N,), next_observations
-(N, obs_dim) and terminals (N,) (1 where the episode terminated, 0 otherwise, time limits included);
+(N, obs_dim) and terminals (N,) (1 where the episode terminated; 0 otherwise, time-limit truncations too);
 --save-buffer writes an online run's replay buffer in this format.
 """
 import copy
