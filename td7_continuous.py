@@ -521,9 +521,6 @@ def main(args):
                 fail(f"--resume file {args.resume} was made with --{name.replace('_', '-')} {saved_args.get(name)}, "
                      f"not {value}")
     check_env(args.env_id)
-    if args.cuda and not torch.cuda.is_available():
-        print("warning: --cuda is set but no GPU is available; running on the CPU", file=sys.stderr)
-    device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     if args.capture_video and "DISPLAY" not in os.environ:
@@ -534,6 +531,9 @@ def main(args):
     obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
     low, high = envs.single_action_space.low, envs.single_action_space.high
     dataset = load_dataset(args.dataset, obs_dim, act_dim, low, high) if args.offline else None
+    if args.cuda and not torch.cuda.is_available():
+        print("warning: --cuda is set but no GPU is available; running on the CPU", file=sys.stderr)
+    device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
 
     if checkpoint:
         run_name = checkpoint["run_name"]

@@ -49,7 +49,7 @@ def child(script, device, updates, threads):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scripts", nargs="+", default=SCRIPTS)
-    parser.add_argument("--devices", nargs="+", default=None, help="cpu and/or cuda (default: cpu, and cuda if present)")
+    parser.add_argument("--devices", nargs="+", help="cpu and/or cuda (default: cpu, and cuda if present)")
     parser.add_argument("--updates", type=int, default=5000)
     parser.add_argument("--repeats", type=int, default=3, help="runs per script and device; the median is reported")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: one per core)")
@@ -81,7 +81,8 @@ def main():
     header = (f"\n## {datetime.date.today()}: {os.cpu_count()} cores, {machine}, torch {torch.__version__}, "
               f"{args.threads or 'default'} threads, {args.updates} updates, "
               f"median of {args.repeats} runs\n\n"
-              "| script | device | steps/s (median) | range | peak RSS (MiB) | peak CUDA (MiB) |\n|---|---|---|---|---|---|\n")
+              "| script | device | steps/s (median) | range | peak RSS (MiB) | peak CUDA (MiB) |\n"
+              "|---|---|---|---|---|---|\n")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "a") as f:
         f.write(header + "\n".join(rows) + "\n")

@@ -46,7 +46,7 @@ def run_main(script, flags, cwd, monkeypatch):
     Path(cwd).mkdir(parents=True, exist_ok=True)
     monkeypatch.chdir(cwd)
     module = importlib.import_module(script)
-    threads = torch.get_num_threads()  # --torch-threads sets a process-wide value: keep it from leaking into other tests
+    threads = torch.get_num_threads()  # --torch-threads is process-wide: keep it from leaking into other tests
     try:
         return module.main(tyro.cli(module.Args, args=list(flags)))
     finally:

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import (CONTINUOUS_SCRIPTS, MULTI_ENV_FLAGS, REPO, TINY, cli_env, flags_with, load_checkpoint, run_cli,
-                            run_main)
+from tests.conftest import (CONTINUOUS_SCRIPTS, MULTI_ENV_FLAGS, REPO, TINY, cli_env, flags_with, load_checkpoint,
+                            run_cli, run_main)
 
 pytestmark = pytest.mark.parametrize("script", CONTINUOUS_SCRIPTS)
 
@@ -66,7 +66,8 @@ def straight_run(script, cwd, monkeypatch, **overrides):
 def test_same_seed_same_numbers(script, tmp_path, monkeypatch):
     a = straight_run(script, tmp_path / "a", monkeypatch)
     b = straight_run(script, tmp_path / "b", monkeypatch)
-    assert [r["returns"] for r in read_evaluations(a["run_dir"])] == [r["returns"] for r in read_evaluations(b["run_dir"])]
+    returns = [[row["returns"] for row in read_evaluations(run["run_dir"])] for run in (a, b)]
+    assert returns[0] == returns[1]
     c = straight_run(script, tmp_path / "c", monkeypatch, seed=2)
     assert read_evaluations(a["run_dir"])[-1]["returns"] != read_evaluations(c["run_dir"])[-1]["returns"]
 
@@ -148,7 +149,7 @@ def test_sigterm_writes_checkpoint_and_resumes(script, tmp_path):
     assert step > 0
     result = run_cli(script, flags_with(flags, resume=run_dir / "checkpoint.pt", total_timesteps=step + 50), tmp_path)
     assert result.returncode == 0, result.stderr
-    assert f"resumed {run_dir.resolve()} at global_step {step}" in result.stdout or f"at global_step {step}" in result.stdout
+    assert f"resumed {run_dir} at global_step {step}" in result.stdout
 
 
 def test_track_wandb_offline(script, tmp_path):

@@ -1,9 +1,8 @@
-"""TD3's own parts: the target, the replay buffer, action scaling, and the learning test."""
+"""TD3's own parts: the target, the replay buffer, action scaling, the critic."""
 import numpy as np
 import torch
 
 import td3_continuous as td3
-from tests.conftest import run_main
 
 
 def test_target_bootstraps_through_truncation_not_termination():
@@ -52,19 +51,3 @@ def test_critic_heads_are_independent_networks_and_q1_fixed_gives_no_critic_grad
     assert all(p.grad is None for p in qf.parameters())
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in actor.parameters())
 
-
-# Learning test. HalfCheetah-v4 has no alive bonus, so a return well above zero needs a policy that runs:
-# an untrained policy scores about 0 and uniformly random actions about -300. Budget: 30k env steps (5k random,
-# then 25k updates), about 3 minutes on 2 cores. Measured at 30k steps on this machine kind (2026-11-30): seed 1:
-# 456 +- 207 over these 10 evaluation episodes; seeds 2 and 3: 486 and 829 over 5 episodes; the same run with the
-# actor gradient's sign flipped (a broken TD3): -1564. The threshold sits at less than half the worst seed and
-# far above anything that has not learned to run.
-LEARNING_FLAGS = ["--env-id", "HalfCheetah-v4", "--total-timesteps", "30000", "--learning-starts", "5000",
-                  "--eval-freq", "0", "--eval-episodes", "10", "--checkpoint-freq", "0", "--no-cuda", "--seed", "1"]
-LEARNING_THRESHOLD = 200.0
-
-
-def test_td3_learns_halfcheetah(tmp_path, monkeypatch):
-    result = run_main("td3_continuous", LEARNING_FLAGS, tmp_path, monkeypatch)
-    print(f"TD3 HalfCheetah-v4 after 30k steps: {result['eval_mean']:.1f} +- {result['eval_std']:.1f}")
-    assert result["eval_mean"] >= LEARNING_THRESHOLD

@@ -1,12 +1,12 @@
 """TD7's own parts: AvgL1Norm, LAP-Huber, LAP replay, the update cascade, value clipping, the checkpoint
-policy, offline mode, and the learning test."""
+policy and offline mode."""
 import numpy as np
 import pytest
 import torch
 import tyro
 
 import td7_continuous as td7
-from tests.conftest import TINY, flags_with, load_checkpoint, run_cli, run_main
+from tests.conftest import TINY, flags_with, load_checkpoint, run_cli
 
 
 def make_agent(**overrides):
@@ -132,23 +132,6 @@ def test_offline_mode_trains_on_a_saved_buffer(tmp_path):
     (offline_run,) = (offline_dir / "runs").iterdir()
     state = load_checkpoint(offline_run)
     assert state["training_steps"] == 300 and len(state["rb"]["data"]) == 400
-    bad = run_cli("td7_continuous", ["--offline", "--dataset", str(offline_run / "args.json"), "--no-cuda"], offline_dir)
+    bad = run_cli("td7_continuous", ["--offline", "--dataset", str(offline_run / "args.json")], offline_dir)
     assert bad.returncode == 1 and bad.stderr.strip().startswith("error: cannot read --dataset")
 
-
-# Learning test. HalfCheetah-v4 has no alive bonus, so a high return needs a policy that runs; an untrained
-# policy scores about -30 to 0. Budget: 15k env steps (5k random; training starts at the episode end at 6k, so
-# about 9k training steps), about 5 minutes on 2 cores. Measured on this machine kind (2026-11-30), evaluation of
-# the checkpoint policy at 15k steps: seed 1: 2570 over these 10 episodes with 2 threads (3572 over 5 episodes
-# with 1 thread), seed 2: 1688 (5 episodes, 1 thread); TD3 reaches only
-# 456-829 after 30k steps. The threshold is half the worse seed: out of reach of anything that has not learned
-# to run, and of TD3-level sample efficiency.
-LEARNING_FLAGS = ["--env-id", "HalfCheetah-v4", "--total-timesteps", "15000", "--learning-starts", "5000",
-                  "--eval-freq", "0", "--eval-episodes", "10", "--checkpoint-freq", "0", "--no-cuda", "--seed", "1"]
-LEARNING_THRESHOLD = 800.0
-
-
-def test_td7_learns_halfcheetah(tmp_path, monkeypatch):
-    result = run_main("td7_continuous", LEARNING_FLAGS, tmp_path, monkeypatch)
-    print(f"TD7 HalfCheetah-v4 after 15k steps: {result['eval_mean']:.1f} +- {result['eval_std']:.1f}")
-    assert result["eval_mean"] >= LEARNING_THRESHOLD
