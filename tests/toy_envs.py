@@ -7,15 +7,19 @@ class CounterEnv(gym.Env):
     """The observation is the step count t, so a stored next_obs of t+1 proves it is the true final one.
 
     Reward is 1 per step; the episode terminates at t == terminate_at (if set), and TimeLimit truncates it
-    after max_episode_steps. The action space is deliberately asymmetric. The reward becomes
-    `bad_reward` from global step `bad_from` on, to provoke a non-finite loss.
+    after max_episode_steps. The action space is deliberately asymmetric (or Discrete(3) with discrete=True,
+    for sac_discrete). The reward becomes
+    `bad_reward` from step `bad_from` on, counting the steps of all counter envs in the process (a script's
+    global_step, give or take its evaluation episodes), to provoke a non-finite loss.
     """
+    steps_in_process = 0
 
-    def __init__(self, terminate_at=None, bad_from=None, bad_reward=float("inf"), render_mode=None):
+    def __init__(self, terminate_at=None, bad_from=None, bad_reward=float("inf"), discrete=False, render_mode=None):
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
-        self.action_space = gym.spaces.Box(np.array([0.0, -2.0], np.float32), np.array([1.0, 4.0], np.float32))
+        self.action_space = gym.spaces.Discrete(3) if discrete else gym.spaces.Box(
+            np.array([0.0, -2.0], np.float32), np.array([1.0, 4.0], np.float32))
         self.terminate_at, self.bad_from, self.bad_reward = terminate_at, bad_from, bad_reward
-        self.t, self.total_steps = 0, 0
+        self.t = 0
 
     def reset(self, seed=None, options=None):
         super().reset(seed=seed)
@@ -23,13 +27,16 @@ class CounterEnv(gym.Env):
         return np.array([self.t], np.float32), {}
 
     def step(self, action):
-        assert self.action_space.contains(np.asarray(action, np.float32)), action
+        assert self.action_space.contains(action if self.action_space.shape == () else np.asarray(action, np.float32)), action
         self.t += 1
-        self.total_steps += 1
-        reward = 1.0 if self.bad_from is None or self.total_steps < self.bad_from else self.bad_reward
+        CounterEnv.steps_in_process += 1
+        reward = 1.0 if self.bad_from is None or CounterEnv.steps_in_process < self.bad_from else self.bad_reward
         return np.array([self.t], np.float32), reward, self.t == self.terminate_at, False, {}
 
 
-gym.register("Counter-v0", CounterEnv, max_episode_steps=7)
-gym.register("CounterTerminates-v0", CounterEnv, max_episode_steps=7, kwargs={"terminate_at": 4})
-gym.register("CounterInfReward-v0", CounterEnv, max_episode_steps=7, kwargs={"bad_from": 300})
+for prefix, discrete in [("", False), ("Discrete", True)]:
+    gym.register(f"{prefix}Counter-v0", CounterEnv, max_episode_steps=7, kwargs={"discrete": discrete})
+    gym.register(f"{prefix}CounterTerminates-v0", CounterEnv, max_episode_steps=7,
+                 kwargs={"terminate_at": 4, "discrete": discrete})
+    gym.register(f"{prefix}CounterInfReward-v0", CounterEnv, max_episode_steps=7,
+                 kwargs={"bad_from": 300, "discrete": discrete})
