@@ -14,9 +14,14 @@ REPO = Path(__file__).resolve().parent.parent
 TINY = ["--total-timesteps", "400", "--learning-starts", "200", "--batch-size", "32", "--buffer-size", "1000",
         "--eval-freq", "200", "--eval-episodes", "2", "--checkpoint-freq", "200", "--log-freq", "50", "--no-cuda",
         "--torch-threads", "1"]
-CONTINUOUS_SCRIPTS = ["td3_continuous", "td7_continuous"]
-# What a script needs beside --num-envs above 1 (TD7's checkpoints judge whole episodes of one policy).
-MULTI_ENV_FLAGS = {"td7_continuous": ["--no-checkpoints"]}
+CONTINUOUS_SCRIPTS = ["td3_continuous", "td7_continuous", "sac_continuous", "erl_td3"]
+# Each script with its default env; the common tests run over all of them.
+DEFAULT_ENV = {**{script: "Hopper-v4" for script in CONTINUOUS_SCRIPTS}, "sac_discrete": "CartPole-v1"}
+SCRIPTS = list(DEFAULT_ENV)
+# How a script runs two training envs at once (TD7's checkpoints judge whole episodes of one policy; ERL has one
+# env per individual).
+TWO_ENV_FLAGS = {"td7_continuous": ["--num-envs", "2", "--no-checkpoints"],
+                 "erl_td3": ["--pop-size", "2", "--num-elites", "1"]}
 
 
 def flags_with(flags, **overrides):
@@ -29,6 +34,11 @@ def flags_with(flags, **overrides):
         else:
             flags += [flag, str(value)]
     return flags
+
+
+def toy_env(script, name):
+    """The --env-id of a toy env from tests/toy_envs.py, with the action space `script` takes."""
+    return f"tests.toy_envs:{'Discrete' if script == 'sac_discrete' else ''}{name}"
 
 
 def cli_env():
