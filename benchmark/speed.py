@@ -1,7 +1,9 @@
 """Speed and memory of the algorithm scripts on one fixed workload, written as a markdown table.
 
-Workload: Hopper-v4, 1 env, batch 256, default networks, --learning-starts 1000 random steps, then
---updates gradient updates (one per env step), no periodic evaluation. Steps/s is the script's own
+Workload: Hopper-v4 (CartPole-v1 for sac_discrete.py), 1 env, batch 256, default networks, --learning-starts
+1000 random steps, then --updates env steps with the script's updates (one per env step), no periodic
+evaluation. ERL: its default population of 10 and one learner on Hopper-v4; it runs whole generations, so it
+may take a few more steps; its steps/s counts population, learner and update time alike. Steps/s is the script's own
 charts/SPS: env steps per second counted from the first gradient update, read from its TensorBoard log.
 Peak memory is the process's maximum resident set (CPU) and torch's peak allocation (CUDA).
 
@@ -22,7 +24,8 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = ["td3_continuous.py", "td7_continuous.py"]
+WORKLOAD_ENV = {"td3_continuous.py": "Hopper-v4", "td7_continuous.py": "Hopper-v4", "sac_continuous.py": "Hopper-v4",
+                "sac_discrete.py": "CartPole-v1", "erl_td3.py": "Hopper-v4"}
 
 
 def child(script, device, updates, threads):
@@ -34,7 +37,7 @@ def child(script, device, updates, threads):
     spec = importlib.util.spec_from_file_location(Path(script).stem, REPO / script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    flags = ["--env-id", "Hopper-v4", "--num-envs", "1", "--batch-size", "256", "--learning-starts", "1000",
+    flags = ["--env-id", WORKLOAD_ENV[script], "--batch-size", "256", "--learning-starts", "1000",
              "--total-timesteps", str(1000 + updates), "--eval-freq", "0", "--eval-episodes", "1",
              "--checkpoint-freq", "0", "--log-freq", "500", "--torch-threads", str(threads),
              "--cuda" if device == "cuda" else "--no-cuda"]
@@ -48,7 +51,7 @@ def child(script, device, updates, threads):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scripts", nargs="+", default=SCRIPTS)
+    parser.add_argument("--scripts", nargs="+", default=list(WORKLOAD_ENV))
     parser.add_argument("--devices", nargs="+", help="cpu and/or cuda (default: cpu, and cuda if present)")
     parser.add_argument("--updates", type=int, default=5000)
     parser.add_argument("--repeats", type=int, default=3, help="runs per script and device; the median is reported")
