@@ -2,7 +2,8 @@
 episodes run one individual at a time, written as a markdown table.
 
 Workload: --pop-size untrained actors (the script's Actor), one episode each, on --env-id, CPU, one torch thread;
-the same seeds for both ways, so the returns must agree exactly (checked). Median of --repeats.
+the same seeds for both ways, so the returns agree but for rounding (the largest difference is reported).
+Median of --repeats.
 
     python benchmark/erl_population.py --env-id Hopper-v4 --pop-size 10
 """
@@ -50,23 +51,26 @@ def main():
             e.reset(seed=first_seed + i)
         return envs
 
-    rates = {"batched": [], "one at a time": []}
+    rates, differences = {"batched": [], "one at a time": []}, []
     for repeat in range(args.repeats):
+        envs = seeded_envs(args.pop_size, repeat * 1000)  # made before the clock starts: only the episodes count
         start = time.perf_counter()
-        batched, steps = erl.run_episodes(weights, biases, seeded_envs(args.pop_size, repeat * 1000), args.episodes,
-                                          0.0, device)
+        batched, steps = erl.run_episodes(weights, biases, envs, args.episodes, 0.0, device)
         rates["batched"].append(steps / (time.perf_counter() - start))
+        envs = [seeded_envs(1, repeat * 1000 + i) for i in range(args.pop_size)]
         start, alone, steps = time.perf_counter(), [], 0
         for i in range(args.pop_size):
-            r, n = erl.run_episodes([w[i:i + 1] for w in weights], [b[i:i + 1] for b in biases],
-                                    seeded_envs(1, repeat * 1000 + i), args.episodes, 0.0, device)
+            r, n = erl.run_episodes([w[i:i + 1] for w in weights], [b[i:i + 1] for b in biases], envs[i],
+                                    args.episodes, 0.0, device)
             alone.append(r[0])
             steps += n
         rates["one at a time"].append(steps / (time.perf_counter() - start))
-        assert np.array_equal(batched, np.array(alone)), "batched and one-at-a-time returns differ"
+        differences.append(float(np.max(np.abs(batched - np.array(alone)) / np.maximum(np.abs(alone), 1.0))))
     header = (f"\n## {datetime.date.today()}: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
               f"1 thread, {args.env_id}, population {args.pop_size}, {args.episodes} episode(s) each, "
-              f"median of {args.repeats}\n\n| evaluation | env steps/s (median) | range |\n|---|---|---|\n")
+              f"median of {args.repeats}; largest relative difference between the two ways' returns: "
+              f"{max(differences):.1e} (a batched matmul may round differently from a single one, and MuJoCo "
+              f"amplifies it over long episodes)\n\n| evaluation | env steps/s (median) | range |\n|---|---|---|\n")
     rows = [f"| {name} | {statistics.median(r):.0f} | {min(r):.0f}-{max(r):.0f} |" for name, r in rates.items()]
     print(header + "\n".join(rows))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -92,8 +92,9 @@ def test_injection_replaces_the_worst():
 
 
 def test_batched_population_evaluation_equals_one_at_a_time():
-    """The population's episodes, all at once with one batched forward pass per step, return exactly what each
-    actor returns when evaluated alone on an env with the same seed."""
+    """The population's episodes, all at once with one batched forward pass per step, return what each actor returns
+    when evaluated alone on an env with the same seed (up to the rounding of a batched against a single matmul,
+    about 1e-7 per action)."""
     weights, biases = population(size=5, obs_dim=3, act_dim=1)
     envs = [gym.make("Pendulum-v1") for _ in range(5)]
     for i, env in enumerate(envs):
@@ -105,7 +106,7 @@ def test_batched_population_evaluation_equals_one_at_a_time():
         env.reset(seed=100 + i)
         alone, _ = erl_td3.run_episodes([w[i:i + 1] for w in weights], [b[i:i + 1] for b in biases], [env], 1, 0.0,
                                         torch.device("cpu"))
-        assert alone[0] == batched[i]
+        assert alone[0] == pytest.approx(batched[i], rel=1e-4)  # a batched matmul may round differently
     assert len(set(batched.tolist())) == 5  # five different actors, five different returns
 
 
