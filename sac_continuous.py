@@ -97,9 +97,9 @@ class Args:
 
     # Algorithm specific arguments
     policy_lr: float = 3e-4
-    """the learning rate of the policy network optimizer (and of alpha's)"""
+    """the learning rate of the policy network optimizer"""
     q_lr: float = 1e-3
-    """the learning rate of the Q network optimizer"""
+    """the learning rate of the Q network optimizer (and of alpha's, as CleanRL)"""
     tau: float = 0.005
     """target network smoothing coefficient"""
     policy_frequency: int = 2
@@ -444,7 +444,7 @@ def main(args):
     # fused: one kernel for all parameters, 2-3x faster than the default foreach Adam on CPU; same update rule
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True)
     q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.q_lr, fused=True)
-    alpha_optimizer = torch.optim.Adam(log_alpha.parameters(), lr=args.policy_lr, fused=True)
+    alpha_optimizer = torch.optim.Adam(log_alpha.parameters(), lr=args.q_lr, fused=True)
     rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, device)
     modules = {"actor": actor, "qf": qf, "qf_target": qf_target, "log_alpha": log_alpha,
                "actor_optimizer": actor_optimizer, "q_optimizer": q_optimizer, "alpha_optimizer": alpha_optimizer,

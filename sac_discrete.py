@@ -107,9 +107,9 @@ class Args:
 
     # Algorithm specific arguments
     policy_lr: float = 3e-4
-    """the learning rate of the policy network optimizer (and of alpha's)"""
+    """the learning rate of the policy network optimizer"""
     q_lr: float = 3e-4
-    """the learning rate of the Q network optimizer"""
+    """the learning rate of the Q network optimizer (and of alpha's, as CleanRL)"""
     adam_eps: Optional[float] = None
     """the epsilon of the Adam optimizers (default: 1e-8 for vector observations, 1e-4 for images)"""
     update_frequency: Optional[int] = None
@@ -187,7 +187,8 @@ def check_env(env_id):
     try:
         env = make_env(env_id)()
     except Exception as e:  # gymnasium raises many kinds: unknown id, missing extra, bad module path
-        hint = "; Atari needs the optional ale-py (pip install ale-py)" if ale_py is None and "ALE" in env_id else ""
+        atari_id = "ALE/" in env_id or "NoFrameskip" in env_id
+        hint = "; Atari needs the optional ale-py (pip install ale-py)" if ale_py is None and atari_id else ""
         fail(f"cannot make --env-id {env_id!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}{hint}")
     obs_space, act_space = env.observation_space, env.action_space
     env.close()
@@ -465,7 +466,7 @@ def main(args):
     # fused: one kernel for all parameters, 2-3x faster than the default foreach Adam on CPU; same update rule
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, eps=args.adam_eps, fused=True)
     q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.q_lr, eps=args.adam_eps, fused=True)
-    alpha_optimizer = torch.optim.Adam(log_alpha.parameters(), lr=args.policy_lr, eps=args.adam_eps, fused=True)
+    alpha_optimizer = torch.optim.Adam(log_alpha.parameters(), lr=args.q_lr, eps=args.adam_eps, fused=True)
     rb = ReplayBuffer(args.buffer_size, obs_shape, obs_dtype, device)
     modules = {"actor": actor, "qf": qf, "qf_target": qf_target, "log_alpha": log_alpha,
                "actor_optimizer": actor_optimizer, "q_optimizer": q_optimizer, "alpha_optimizer": alpha_optimizer,
