@@ -201,16 +201,6 @@ def to_env(action, low, high):
     return low + (action + 1.0) * 0.5 * (high - low)
 
 
-def env_rng_states(envs):
-    """Episodes start and end with the generations, so an env's RNG is all it takes to continue it."""
-    return [env.unwrapped.np_random.bit_generator.state for env in envs]
-
-
-def set_env_rng_states(envs, states):
-    for env, state in zip(envs, states):
-        env.unwrapped.np_random.bit_generator.state = state
-
-
 class Actor(nn.Module):
     """Deterministic policy: 256-256 ReLU MLP with a tanh output in the normalised action space [-1, 1]."""
 
@@ -533,9 +523,6 @@ def main(args):
                         ("qf", qfs), ("qf_target", qf_targets), ("q_optimizer", q_optimizers)]:
         modules.update({f"{name}_{k}": module for k, module in enumerate(group)})
 
-    def critic_of(k):
-        return 0 if args.shared_critic else k
-
     global_step, num_updates, wall_time, generation = 0, 0, 0.0, 0
     injected = np.zeros(0, dtype=np.int64)  # the slots of the learners' copies, until the next genetic step
     fates = {"elite": 0, "selected": 0, "discarded": 0}
@@ -545,7 +532,8 @@ def main(args):
         for p, saved in zip(weights + biases, checkpoint["population"]["weights"] + checkpoint["population"]["biases"]):
             p.copy_(saved)
         fitness, injected, fates = (checkpoint["population"][k] for k in ("fitness", "injected", "fates"))
-        set_env_rng_states(envs + learner_envs, checkpoint["envs"])
+        for env, state in zip(envs + learner_envs, checkpoint["envs"]):  # episodes start with the generations: an
+            env.unwrapped.np_random.bit_generator.state = state  # env's RNG is all it takes to continue it
         global_step, num_updates, wall_time = checkpoint["global_step"], checkpoint["num_updates"], checkpoint["wall_time"]
         generation = checkpoint["generation"]
         random.setstate(checkpoint["rng"]["python"])
@@ -563,7 +551,7 @@ def main(args):
         state = {name: module.state_dict() for name, module in modules.items()}
         state.update(args=asdict(args), run_name=run_name, global_step=global_step, num_updates=num_updates,
                      wall_time=wall_time + time.time() - start_time, generation=generation,
-                     envs=env_rng_states(envs + learner_envs),
+                     envs=[env.unwrapped.np_random.bit_generator.state for env in envs + learner_envs],
                      population={"weights": [w.cpu() for w in weights], "biases": [b.cpu() for b in biases],
                                  "fitness": fitness, "injected": injected, "fates": fates},
                      rng={"python": random.getstate(), "numpy": np.random.get_state(), "ga": rng.bit_generator.state,
@@ -579,10 +567,9 @@ def main(args):
     def run_evaluation():
         stop_if_nonfinite()
         video_folder = os.path.join("videos", run_name) if args.capture_video else None
-        results = []
-        for who, policy in [("champion", champion), ("learner", actors[0])]:
-            results.append(evaluate(policy, args.env_id, args.eval_episodes, args.seed + 100_000, device,
-                                    video_folder if who == "champion" else None, video_prefix=f"step-{global_step}"))
+        results = [evaluate(policy, args.env_id, args.eval_episodes, args.seed + 100_000, device, folder,
+                            video_prefix=f"step-{global_step}") for policy, folder in [(champion, video_folder),
+                                                                                      (actors[0], None)]]
         (mean, std), (learner_mean, learner_std) = [(float(np.mean(r)), float(np.std(r))) for r in results]
         writer.add_scalar("eval/episodic_return", mean, global_step)
         writer.add_scalar("eval/learner_episodic_return", learner_mean, global_step)
@@ -641,7 +628,7 @@ def main(args):
                     sps_start = (generation_start, time.time())
                 for _ in range(int(args.utd_ratio * (global_step - generation_start))):
                     for k in range(args.num_rl_agents):
-                        q = critic_of(k)
+                        q = 0 if args.shared_critic else k
                         batch = rb.sample(args.batch_size)
                         qf_loss, q_values = update_critic(batch, actor_targets[k], qfs[q], qf_targets[q],
                                                           q_optimizers[q], args)
@@ -662,9 +649,8 @@ def main(args):
             if generation % args.rl_injection_interval == 0:
                 injected = inject(weights, biases, fitness, actors)
 
-            writer.add_scalar("evolution/fitness_max", fitness.max(), global_step)
-            writer.add_scalar("evolution/fitness_mean", fitness.mean(), global_step)
-            writer.add_scalar("evolution/fitness_min", fitness.min(), global_step)
+            for statistic in ("max", "mean", "min"):
+                writer.add_scalar(f"evolution/fitness_{statistic}", getattr(fitness, statistic)(), global_step)
             writer.add_scalar("evolution/generation", generation, global_step)
             for fate, count in fates.items():  # the "RL selection rate": elite + selected over all injections
                 writer.add_scalar(f"evolution/injected_{fate}", count / max(sum(fates.values()), 1), global_step)
@@ -701,10 +687,8 @@ def main(args):
             save_checkpoint()
         if args.save_model:
             torch.save({"population": {"weights": [w.cpu() for w in weights], "biases": [b.cpu() for b in biases],
-                                       "fitness": fitness},
-                        **{name: module.state_dict() for name, module in modules.items() if name.startswith(("actor_", "qf_"))
-                           and "optimizer" not in name and "target" not in name},
-                        "args": asdict(args)}, os.path.join(run_dir, "model.pt"))
+                                       "fitness": fitness}, "actors": [a.state_dict() for a in actors],
+                        "qfs": [q.state_dict() for q in qfs], "args": asdict(args)}, os.path.join(run_dir, "model.pt"))
         print(f"done: {global_step} steps, {generation} generations, final eval return {last_eval[1]:.1f} +- "
               f"{last_eval[2]:.1f} (learner {last_eval[3]:.1f})")
     finally:

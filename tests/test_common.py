@@ -144,8 +144,9 @@ def test_nonfinite_loss_stops_with_step(script, tmp_path):
     result = run_cli(script, flags, tmp_path, timeout=300)
     assert result.returncode == 1
     line = result.stderr.strip().splitlines()[-1]
-    assert line.startswith("error: non-finite") and " at global_step " in line, result.stderr
-    assert 300 <= int(line.split("global_step ")[1].split(";")[0]) < 2000
+    assert line.startswith("error: non-finite") and "global_step " in line, result.stderr
+    # The reward turns infinite at the 300th step of the counter envs, evaluation episodes (14 steps at 200) included.
+    assert 300 - 14 <= int(line.split("global_step ")[1].split(";")[0]) < 2000
 
 
 def test_sigterm_writes_checkpoint_and_resumes(script, tmp_path):
