@@ -20,11 +20,9 @@ Deliberate choices and differences:
 - global_step and --total-timesteps count every env step, population and learners alike. Runs end, evaluate and
   checkpoint at generation boundaries (a run stops at the end of the generation that reaches the total);
   SIGINT/SIGTERM are handled at the end of the current generation.
-- Before --learning-starts the learners' actors act untrained, with noise (no uniform random phase: the
-  population explores).
-- Evaluation is deterministic, of the champion (the best individual by its last fitness) in the
-  evaluations.csv columns shared by all scripts, and of the first learner in extra columns.
-- Networks, normalised actions and the TD3 update are those of td3_continuous.py.
+- No uniform random phase: before --learning-starts the untrained learners act with noise, the population explores.
+- Evaluation (deterministic): the champion, best by its last fitness, in the common evaluations.csv columns; the
+  first learner in extra ones. Networks, normalised actions and the TD3 update are td3_continuous.py's.
 """
 import csv
 import json
@@ -397,9 +395,8 @@ def next_generation(weights, biases, fitness, args, rng):
     order = np.argsort(-fitness, kind="stable")
     elites, others = order[: args.num_elites], np.sort(order[args.num_elites:])
     parents = tournament(fitness, len(others), args.tournament_size, rng)
-    for params in (weights, biases):
-        for p in params:
-            p[others] = p[parents].clone()
+    for p in weights + biases:
+        p[others] = p[parents].clone()
     for a, b in zip(others[0::2], others[1::2]):
         if rng.uniform() < args.crossover_prob:
             for w in weights:  # swap a random half of the rows (the inputs' weights) between the two children
@@ -416,9 +413,8 @@ def inject(weights, biases, fitness, actors):
     """Copy the learners' actors over the worst individuals (by the last fitness); returns their slots."""
     worst = np.argsort(fitness, kind="stable")[: len(actors)]
     learner_weights, learner_biases = stack_actors(actors)
-    for params, learner in ((weights, learner_weights), (biases, learner_biases)):
-        for p, q in zip(params, learner):
-            p[worst] = q
+    for p, q in zip(weights + biases, learner_weights + learner_biases):
+        p[worst] = q
     return worst
 
 
@@ -518,10 +514,9 @@ def main(args):
     actor_optimizers = [torch.optim.Adam(a.parameters(), lr=args.learning_rate, fused=True) for a in actors]
     q_optimizers = [torch.optim.Adam(q.parameters(), lr=args.learning_rate, fused=True) for q in qfs]
     rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, device)
-    modules = {"rb": rb}
-    for name, group in [("actor", actors), ("actor_target", actor_targets), ("actor_optimizer", actor_optimizers),
-                        ("qf", qfs), ("qf_target", qf_targets), ("q_optimizer", q_optimizers)]:
-        modules.update({f"{name}_{k}": module for k, module in enumerate(group)})
+    modules = {"rb": rb, **{f"{name}_{k}": module for name, group in [
+        ("actor", actors), ("actor_target", actor_targets), ("actor_optimizer", actor_optimizers), ("qf", qfs),
+        ("qf_target", qf_targets), ("q_optimizer", q_optimizers)] for k, module in enumerate(group)}}
 
     global_step, num_updates, wall_time, generation = 0, 0, 0.0, 0
     injected = np.zeros(0, dtype=np.int64)  # the slots of the learners' copies, until the next genetic step
@@ -534,8 +529,8 @@ def main(args):
         fitness, injected, fates = (checkpoint["population"][k] for k in ("fitness", "injected", "fates"))
         for env, state in zip(envs + learner_envs, checkpoint["envs"]):  # episodes start with the generations: an
             env.unwrapped.np_random.bit_generator.state = state  # env's RNG is all it takes to continue it
-        global_step, num_updates, wall_time = checkpoint["global_step"], checkpoint["num_updates"], checkpoint["wall_time"]
-        generation = checkpoint["generation"]
+        global_step, num_updates, wall_time, generation = (checkpoint[k] for k in ("global_step", "num_updates",
+                                                                                   "wall_time", "generation"))
         random.setstate(checkpoint["rng"]["python"])
         np.random.set_state(checkpoint["rng"]["numpy"])
         rng.bit_generator.state = checkpoint["rng"]["ga"]
@@ -645,18 +640,16 @@ def main(args):
             for slot in injected:
                 fates["elite" if slot in elites else "selected" if slot in parents else "discarded"] += 1
             generation += 1
-            injected = np.zeros(0, dtype=np.int64)
-            if generation % args.rl_injection_interval == 0:
-                injected = inject(weights, biases, fitness, actors)
+            injected = (inject(weights, biases, fitness, actors) if generation % args.rl_injection_interval == 0
+                        else np.zeros(0, dtype=np.int64))
 
             for statistic in ("max", "mean", "min"):
                 writer.add_scalar(f"evolution/fitness_{statistic}", getattr(fitness, statistic)(), global_step)
             writer.add_scalar("evolution/generation", generation, global_step)
             for fate, count in fates.items():  # the "RL selection rate": elite + selected over all injections
                 writer.add_scalar(f"evolution/injected_{fate}", count / max(sum(fates.values()), 1), global_step)
-            for k, episode_return in enumerate(learner_returns):
-                writer.add_scalar("charts/episodic_return" if k == 0 else f"charts/episodic_return_{k}",
-                                  episode_return, global_step)
+            for k, episode_return in enumerate(learner_returns):  # learner 0's under CleanRL's name
+                writer.add_scalar("charts/episodic_return" + (f"_{k}" if k else ""), episode_return, global_step)
             if losses:
                 sps = (global_step - sps_start[0]) / max(time.time() - sps_start[1], 1e-9)
                 writer.add_scalar("losses/qf1_values", q_values[0].item(), global_step)
