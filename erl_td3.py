@@ -23,6 +23,10 @@ Deliberate choices and differences:
 - No uniform random phase: before --learning-starts the untrained learners act with noise, the population explores.
 - Evaluation (deterministic): the champion, best by its last fitness, in the common evaluations.csv columns; the
   first learner in extra ones. Networks, normalised actions and the TD3 update are td3_continuous.py's.
+- Losses are logged as their mean over each generation's updates (of all learners), at its end.
+
+The file has two parts: the algorithm, from here to `main`, and below the banner after it the run
+machinery, which changes nothing that is computed.
 """
 import csv
 import json
@@ -89,8 +93,6 @@ class Args:
     """write runs/{run_name}/checkpoint.pt every this many env steps and at the end (0: never)"""
     resume: Optional[str] = None
     """path of a checkpoint.pt to continue from (the run keeps its directory)"""
-    log_freq: int = 100
-    """unused here: ERL logs losses, and checks them for NaN, once per generation (kept for the common flags)"""
 
     # Algorithm specific arguments
     learning_rate: float = 3e-4
@@ -141,57 +143,8 @@ class Args:
     """weights are clipped to +- this after mutation (EvoRL's MuJoCo setting; ERL: 1e6)"""
 
 
-# Flags that may differ when resuming: they change how a run is watched, not what it computes.
-RESUMABLE_FLAGS = {"total_timesteps", "resume", "track", "wandb_project_name", "wandb_entity", "capture_video",
-                   "save_model", "eval_freq", "eval_episodes", "checkpoint_freq", "log_freq", "torch_threads", "cuda"}
-
-
-def fail(message):
-    """Stop with one line on stderr and exit status 1: the form of every user error."""
-    sys.exit(f"error: {message}")
-
-
-def check_args(args):
-    for name in ["total_timesteps", "buffer_size", "batch_size", "eval_episodes", "log_freq", "policy_frequency",
-                 "learning_rate", "tau", "num_rl_agents", "pop_size", "tournament_size", "episodes_for_fitness",
-                 "rl_injection_interval", "weight_max_magnitude"]:
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    for name in ["learning_starts", "eval_freq", "checkpoint_freq", "torch_threads", "policy_noise", "noise_clip",
-                 "exploration_noise", "utd_ratio", "num_elites", "mutation_strength", "super_mutation_strength"]:
-        if getattr(args, name) < 0:
-            fail(f"--{name.replace('_', '-')} must not be negative, got {getattr(args, name)}")
-    if not 0 <= args.gamma <= 1 or args.tau > 1:
-        fail(f"--gamma and --tau must lie in [0, 1], got {args.gamma} and {args.tau}")
-    for name in ["crossover_prob", "mutation_prob", "mutation_frac", "super_mutation_prob", "reset_prob"]:
-        if not 0 <= getattr(args, name) <= 1:
-            fail(f"--{name.replace('_', '-')} must lie in [0, 1], got {getattr(args, name)}")
-    if args.num_elites + args.num_rl_agents > args.pop_size:
-        fail(f"--num-elites {args.num_elites} plus --num-rl-agents {args.num_rl_agents} exceed --pop-size "
-             f"{args.pop_size}: injected actors would replace elites")
-    if args.batch_size > args.buffer_size:
-        fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
-
-
 def make_env(env_id):
     return lambda: gym.make(env_id)
-
-
-def check_env(env_id):
-    """Fail with one line unless env_id names an env this script can learn: vector observations, bounded actions."""
-    try:
-        env = gym.make(env_id)
-    except Exception as e:  # gymnasium raises many kinds: unknown id, missing extra, bad module path
-        fail(f"cannot make --env-id {env_id!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-    obs_space, act_space = env.observation_space, env.action_space
-    env.close()
-    if not isinstance(act_space, gym.spaces.Box):
-        fail(f"{env_id} has a {type(act_space).__name__} action space; ERL-TD3 needs a continuous (Box) one, "
-             "see sac_discrete.py")
-    if not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
-        fail(f"{env_id} has unbounded actions; the tanh policy needs finite bounds")
-    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-        fail(f"{env_id} has {obs_space} observations; this script needs a flat vector (Box of one dimension)")
 
 
 def to_env(action, low, high):
@@ -221,10 +174,10 @@ class Critic(nn.Module):
         super().__init__()
         sizes = [obs_dim + act_dim, hidden, hidden, 1]
         bound = [1 / np.sqrt(n_in) for n_in in sizes[:-1]]
-        self.weights = nn.ParameterList(
-            [nn.Parameter(torch.empty(num_q, n_in, n_out).uniform_(-b, b)) for n_in, n_out, b in zip(sizes, sizes[1:], bound)])
-        self.biases = nn.ParameterList(
-            [nn.Parameter(torch.empty(num_q, 1, n_out).uniform_(-b, b)) for n_out, b in zip(sizes[1:], bound)])
+        self.weights = nn.ParameterList([nn.Parameter(torch.empty(num_q, n_in, n_out).uniform_(-b, b))
+                                         for n_in, n_out, b in zip(sizes, sizes[1:], bound)])
+        self.biases = nn.ParameterList([nn.Parameter(torch.empty(num_q, 1, n_out).uniform_(-b, b))
+                                        for n_out, b in zip(sizes[1:], bound)])
 
     def forward(self, obs, action, weights=None, biases=None):
         weights, biases = weights or list(self.weights), biases or list(self.biases)
@@ -235,9 +188,10 @@ class Critic(nn.Module):
                 x = torch.relu(x)
         return x
 
-    def q1_fixed(self, obs, action):
-        """Q1 with the critic's weights held fixed: gradients reach the action, not the critic."""
-        return self(obs, action, [w[:1].detach() for w in self.weights], [b[:1].detach() for b in self.biases])[0]
+    def fixed(self, obs, action, num_q=None):
+        """The first num_q Q values (all by default) with the critic's weights held fixed: gradients reach the
+        action, not the critic."""
+        return self(obs, action, [w[:num_q].detach() for w in self.weights], [b[:num_q].detach() for b in self.biases])
 
 
 class ReplayBuffer:
@@ -268,14 +222,14 @@ class ReplayBuffer:
         return self.data[idx].split(self.split, dim=1)
 
     def state_dict(self):
-        return {"data": self.data[: len(self)].cpu(), "pos": self.pos, "full": self.full}
+        return {"data": self.data[: len(self)].to("cpu", copy=True), "pos": self.pos, "full": self.full}
 
     def load_state_dict(self, state):
         self.data[: len(state["data"])] = state["data"].to(self.device)
         self.pos, self.full = state["pos"], state["full"]
 
 
-def td3_target(reward, terminated, next_q, gamma):
+def td_target(reward, terminated, next_q, gamma):
     """y = r + gamma * (1 - terminated) * min_i Q'_i(s', a'): only a true termination stops the bootstrap."""
     return reward + gamma * (1.0 - terminated) * next_q
 
@@ -286,22 +240,23 @@ def soft_update(target, source, tau):
 
 
 def update_critic(batch, actor_target, qf, qf_target, q_optimizer, args):
+    """One step on the twin critics' summed MSE; returns the mean of their losses and their mean Q values."""
     obs, action, reward, terminated, next_obs = batch
     with torch.no_grad():
         noise = (torch.randn_like(action) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
         next_action = (actor_target(next_obs) + noise).clamp(-1.0, 1.0)
         next_q = qf_target(next_obs, next_action).min(0).values
-        target = td3_target(reward, terminated, next_q, args.gamma)
+        target = td_target(reward, terminated, next_q, args.gamma)
     q = qf(obs, action)
-    qf_loss = ((q - target) ** 2).mean((1, 2)).sum()  # the sum of the twin critics' MSE losses
+    qf_loss = ((q - target) ** 2).mean((1, 2)).sum()
     q_optimizer.zero_grad(set_to_none=True)
     qf_loss.backward()
     q_optimizer.step()
-    return qf_loss.detach(), q.detach().mean((1, 2))
+    return qf_loss.detach() / len(q), q.detach().mean((1, 2))
 
 
 def update_actor(obs, actor, qf, actor_optimizer):
-    actor_loss = -qf.q1_fixed(obs, actor(obs)).mean()
+    actor_loss = -qf.fixed(obs, actor(obs), num_q=1)[0].mean()
     actor_optimizer.zero_grad(set_to_none=True)
     actor_loss.backward()
     actor_optimizer.step()
@@ -319,6 +274,11 @@ def stack_actors(actors):
     params = [actor_params(actor) for actor in actors]
     return ([torch.stack(ws).contiguous() for ws in zip(*(p[0] for p in params))],
             [torch.stack(bs).contiguous() for bs in zip(*(p[1] for p in params))])
+
+
+def individual(weights, biases, i):
+    """Individual i of the population as a policy: obs (batch, obs_dim) -> actions."""
+    return lambda obs: population_forward([w[i:i + 1] for w in weights], [b[i:i + 1] for b in biases], obs)
 
 
 def population_forward(weights, biases, obs):
@@ -418,14 +378,204 @@ def inject(weights, biases, fitness, actors):
     return worst
 
 
-def drop_evaluations_after(path, global_step):
-    """On resume, forget evaluations made after the checkpoint: the resumed run makes them again."""
-    if os.path.exists(path):
-        with open(path, newline="") as f:
-            rows = list(csv.reader(f))
-        with open(path, "w", newline="") as f:
-            csv.writer(f).writerows(rows[:1] + [row for row in rows[1:] if int(row[0]) <= global_step])
+def main(args):
+    check_env(args.env_id)
+    check_args(args)
+    checkpoint = read_checkpoint(args)
+    device = choose_device(args)
+    run = Run(args, checkpoint, device)
 
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    rng = np.random.default_rng(args.seed)  # the genetic algorithm's draws
+
+    # One env per individual and one per learner, each seeded once; after that their episodes follow their RNGs.
+    envs = [make_env(args.env_id)() for _ in range(args.pop_size)]
+    learner_envs = [make_env(args.env_id)() for _ in range(args.num_rl_agents)]
+    for i, env in enumerate(envs + learner_envs):
+        env.reset(seed=args.seed + i)
+    obs_dim, act_dim = envs[0].observation_space.shape[0], envs[0].action_space.shape[0]
+
+    weights, biases = stack_actors([Actor(obs_dim, act_dim).to(device) for _ in range(args.pop_size)])
+    actors = [Actor(obs_dim, act_dim).to(device) for _ in range(args.num_rl_agents)]
+    actor_targets = [Actor(obs_dim, act_dim).to(device) for _ in range(args.num_rl_agents)]
+    qfs = [Critic(obs_dim, act_dim).to(device) for _ in range(1 if args.shared_critic else args.num_rl_agents)]
+    qf_targets = [Critic(obs_dim, act_dim).to(device) for _ in qfs]
+    for target, source in zip(actor_targets + qf_targets, actors + qfs):
+        target.load_state_dict(source.state_dict())
+    # fused: one kernel for all parameters, 2-3x faster than the default foreach Adam on CPU; same update rule
+    actor_optimizers = [torch.optim.Adam(a.parameters(), lr=args.learning_rate, fused=True) for a in actors]
+    q_optimizers = [torch.optim.Adam(q.parameters(), lr=args.learning_rate, fused=True) for q in qfs]
+    rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, device)
+    # Everything a checkpoint holds besides the loop's counters and the envs: --resume restores exactly these.
+    state = {"rb": rb, "rng": rng, **{f"{name}_{k}": value for name, group in [
+        ("actor", actors), ("actor_target", actor_targets), ("actor_optimizer", actor_optimizers), ("qf", qfs),
+        ("qf_target", qf_targets), ("q_optimizer", q_optimizers), ("population_weights", weights),
+        ("population_biases", biases)] for k, value in enumerate(group)}}
+
+    global_step, num_updates, generation, fitness = 0, 0, 0, np.zeros(args.pop_size)
+    injected = np.zeros(0, dtype=np.int64)  # the slots of the learners' copies, until the next genetic step
+    fates = {"elite": 0, "selected": 0, "discarded": 0}
+    if checkpoint:
+        (global_step, num_updates, generation, fitness, injected, fates), _ = run.restore(checkpoint, state,
+                                                                                          envs + learner_envs)
+    actor_loss = [torch.zeros((), device=device)] * args.num_rl_agents
+    try:
+        while global_step < args.total_timesteps:
+            generation_start = global_step
+            # 1. Fitness: every individual's episodes at once, without noise. 2. The learners' noisy episodes.
+            fitness, population_steps = run_episodes(weights, biases, envs, args.episodes_for_fitness, 0.0, device, rb)
+            learner_returns, learner_steps = run_episodes(*stack_actors(actors), learner_envs, 1,
+                                                          args.exploration_noise, device, rb)
+            global_step += population_steps + learner_steps
+            if not np.isfinite(fitness).all():
+                run.flush(global_step, cause=f"fitness in generation {generation}, at global_step {global_step}")
+
+            # 3. TD3 updates, --utd-ratio per env step of this generation, for each learner.
+            if len(rb) >= args.learning_starts:
+                for _ in range(int(args.utd_ratio * (global_step - generation_start))):
+                    for k in range(args.num_rl_agents):
+                        q = 0 if args.shared_critic else k
+                        batch = rb.sample(args.batch_size)
+                        qf_loss, qf_values = update_critic(batch, actor_targets[k], qfs[q], qf_targets[q],
+                                                           q_optimizers[q], args)
+                        if num_updates % args.policy_frequency == 0:
+                            actor_loss[k] = update_actor(batch[0], actors[k], qfs[q], actor_optimizers[k])
+                            soft_update(actor_targets[k], actors[k], args.tau)
+                            soft_update(qf_targets[q], qfs[q], args.tau)
+                        run.record(global_step, f"{num_updates + 1} of learner {k} in generation {generation}",
+                                   qf_loss=qf_loss, actor_loss=actor_loss[k], qf1_values=qf_values[0],
+                                   qf2_values=qf_values[1])
+                    num_updates += 1
+            run.flush(global_step)
+
+            # 4. The genetic step; the fate of the learners' copies injected last time. 5. Injection.
+            elites, parents = next_generation(weights, biases, fitness, args, rng)
+            for slot in injected:
+                fates["elite" if slot in elites else "selected" if slot in parents else "discarded"] += 1
+            generation += 1
+            injected = (inject(weights, biases, fitness, actors) if generation % args.rl_injection_interval == 0
+                        else np.zeros(0, dtype=np.int64))
+            run.log_generation(global_step, generation, fitness, fates, learner_returns)
+
+            done = global_step >= args.total_timesteps
+            if crossed(global_step, args.eval_freq, global_step - generation_start) or done:
+                run.evaluate(global_step, individual(weights, biases, int(np.argmax(fitness))), actors[0])
+            if (crossed(global_step, args.checkpoint_freq, global_step - generation_start)
+                    or (done and args.checkpoint_freq) or run.stop):
+                run.save_checkpoint(state, (global_step, num_updates, generation, fitness, injected, fates),
+                                    envs + learner_envs, None)
+        if args.save_model:
+            run.save_model(weights, biases, fitness, actors, qfs)
+    finally:
+        for env in envs + learner_envs:
+            env.close()
+        run.close()
+    return run.result
+
+
+# ======================================================================================================================
+# Part 2: the run machinery. Nothing below changes what is computed: it checks the input, owns the run's directory
+# (args.json, TensorBoard, evaluations.csv, checkpoints, the model), evaluates, stops on non-finite numbers and
+# turns SIGINT/SIGTERM into a checkpoint.
+# ======================================================================================================================
+
+# Flags that may differ when resuming: they change how a run is watched, not what it computes.
+RESUMABLE_FLAGS = {"total_timesteps", "resume", "track", "wandb_project_name", "wandb_entity", "capture_video",
+                   "save_model", "eval_freq", "eval_episodes", "checkpoint_freq", "torch_threads", "cuda"}
+
+
+def fail(message):
+    """Stop with one line on stderr and exit status 1: the form of every user error."""
+    sys.exit(f"error: {message}")
+
+
+def first_line(error):
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+def check_args(args):
+    """Every numeric flag finite and in its range, before anything is written."""
+    positive = ["total_timesteps", "buffer_size", "batch_size", "eval_episodes", "policy_frequency", "learning_rate",
+                "tau", "num_rl_agents", "pop_size", "tournament_size", "episodes_for_fitness", "rl_injection_interval",
+                "weight_max_magnitude"]
+    non_negative = ["learning_starts", "eval_freq", "checkpoint_freq", "torch_threads", "policy_noise", "noise_clip",
+                    "exploration_noise", "utd_ratio", "num_elites", "mutation_strength", "super_mutation_strength"]
+    unit_interval = ["gamma", "tau", "crossover_prob", "mutation_prob", "mutation_frac", "super_mutation_prob",
+                     "reset_prob"]
+    for name, value in asdict(args).items():
+        flag = f"--{name.replace('_', '-')}"
+        if isinstance(value, float) and not np.isfinite(value):
+            fail(f"{flag} must be a finite number, got {value}")
+        if name in positive and value <= 0 or name in non_negative and value < 0:
+            fail(f"{flag} must be {'positive' if name in positive else 'non-negative'}, got {value}")
+        if name in unit_interval and not 0 <= value <= 1:
+            fail(f"{flag} must lie in [0, 1], got {value}")
+    if args.num_elites + args.num_rl_agents > args.pop_size:
+        fail(f"--num-elites {args.num_elites} plus --num-rl-agents {args.num_rl_agents} exceed --pop-size "
+             f"{args.pop_size}: injected actors would replace elites")
+    if args.batch_size > args.buffer_size:
+        fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
+
+
+def check_env(env_id):
+    """Fail with one line unless env_id names an env this script can learn: vector observations, bounded actions."""
+    try:
+        env = gym.make(env_id)
+    except Exception as e:  # gymnasium raises many kinds: unknown id, missing extra, bad module path
+        fail(f"cannot make --env-id {env_id!r}: {first_line(e)}")
+    obs_space, act_space = env.observation_space, env.action_space
+    env.close()
+    if not isinstance(act_space, gym.spaces.Box):
+        fail(f"{env_id} has a {type(act_space).__name__} action space; ERL-TD3 needs a continuous (Box) one, "
+             "see sac_discrete.py")
+    if not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
+        fail(f"{env_id} has unbounded actions; the tanh policy needs finite bounds")
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        fail(f"{env_id} has {obs_space} observations; this script needs a flat vector (Box of one dimension)")
+
+
+def read_checkpoint(args):
+    """The --resume checkpoint (None without one), refused unless it was made with the same algorithm flags."""
+    if not args.resume:
+        return None
+    try:
+        checkpoint = torch.load(args.resume, map_location="cpu", weights_only=False)
+        saved_args, step = checkpoint["args"], checkpoint["global_step"]
+    except Exception as e:
+        fail(f"cannot read --resume file {args.resume}: {first_line(e)}")
+    for name, value in asdict(args).items():
+        if name not in RESUMABLE_FLAGS and saved_args.get(name) != value:
+            fail(f"--resume file {args.resume} was made with --{name.replace('_', '-')} {saved_args.get(name)}, "
+                 f"not {value}")
+    if args.total_timesteps <= step:
+        fail(f"--total-timesteps {args.total_timesteps} is not beyond the checkpoint's global_step {step}")
+    return checkpoint
+
+
+def choose_device(args):
+    """The training device (a warning line when --cuda finds no GPU); sets torch's CPU threads."""
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    if args.cuda and not torch.cuda.is_available():
+        print("warning: --cuda is set but no GPU is available; running on the CPU", file=sys.stderr)
+    return torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
+
+
+def crossed(step, freq, step_size):
+    """True when the last step_size steps, ending at step, crossed a multiple of freq (never when freq is 0)."""
+    return freq > 0 and step // freq != (step - step_size) // freq
+
+
+def env_state(env):
+    """Episodes start with the generations: an env's RNG is all it takes to continue it."""
+    return env.unwrapped.np_random.bit_generator.state
+
+
+def set_env_state(env, state):
+    env.unwrapped.np_random.bit_generator.state = state
 
 def evaluate(policy, env_id, episodes, seed, device, video_folder=None, video_prefix="eval"):
     """Returns of `episodes` full episodes of the deterministic `policy` (no noise), on a separate env."""
@@ -450,250 +600,173 @@ def evaluate(policy, env_id, episodes, seed, device, video_folder=None, video_pr
     return returns
 
 
-def main(args):
-    check_args(args)
-    checkpoint = None
-    if args.resume:
-        try:
-            checkpoint = torch.load(args.resume, map_location="cpu", weights_only=False)
-            saved_args = checkpoint["args"]
-        except Exception as e:
-            fail(f"cannot read --resume file {args.resume}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-        for name, value in asdict(args).items():
-            if name not in RESUMABLE_FLAGS and saved_args.get(name) != value:
-                fail(f"--resume file {args.resume} was made with --{name.replace('_', '-')} {saved_args.get(name)}, "
-                     f"not {value}")
-    check_env(args.env_id)
-    if args.cuda and not torch.cuda.is_available():
-        print("warning: --cuda is set but no GPU is available; running on the CPU", file=sys.stderr)
-    device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
-    if args.torch_threads:
-        torch.set_num_threads(args.torch_threads)
-    if args.capture_video and "DISPLAY" not in os.environ:
-        os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering
+def drop_evaluations_after(path, global_step):
+    """On resume, forget evaluations made after the checkpoint: the resumed run makes them again."""
+    if os.path.exists(path):
+        with open(path, newline="") as f:
+            rows = list(csv.reader(f))
+        with open(path, "w", newline="") as f:
+            csv.writer(f).writerows(rows[:1] + [row for row in rows[1:] if int(row[0]) <= global_step])
 
-    if checkpoint:
-        run_name = checkpoint["run_name"]
-        run_dir = os.path.dirname(os.path.abspath(args.resume))
-    else:
-        run_name = f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        run_dir = os.path.abspath(os.path.join("runs", run_name))
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "args.json"), "w") as f:
-        json.dump(asdict(args), f, indent=2)
-    if args.track:
-        import wandb
 
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=asdict(args),
-                   name=run_name, id=run_name[-64:].replace(".", "-"), resume="allow", save_code=True, dir=run_dir)
-    writer = SummaryWriter(run_dir, purge_step=checkpoint["global_step"] if checkpoint else None)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+class Run:
+    """One run's directory and logs, its evaluations and checkpoints, SIGINT/SIGTERM and the non-finite guard."""
 
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    rng = np.random.default_rng(args.seed)  # the genetic algorithm's draws
+    def __init__(self, args, checkpoint, device):
+        self.args, self.device, self.start_time, self.wall_time = args, device, time.time(), 0.0
+        if checkpoint:
+            self.name, self.dir = checkpoint["run_name"], os.path.dirname(os.path.abspath(args.resume))
+            drop_evaluations_after(os.path.join(self.dir, "evaluations.csv"), checkpoint["global_step"])
+        else:
+            env_name = args.env_id.replace("/", "-").replace(":", "-")
+            self.name = f"{env_name}__{args.exp_name}__{args.seed}__{int(time.time())}"
+            self.dir = os.path.abspath(os.path.join("runs", self.name))
+        os.makedirs(self.dir, exist_ok=True)
+        self.checkpoint_path = os.path.join(self.dir, "checkpoint.pt")
+        with open(os.path.join(self.dir, "args.json"), "w") as f:
+            json.dump(asdict(args), f, indent=2)
+        if args.track:
+            import wandb
 
-    # One env per individual and one per learner, each seeded once; after that their episodes follow their RNGs.
-    envs = [make_env(args.env_id)() for _ in range(args.pop_size)]
-    learner_envs = [make_env(args.env_id)() for _ in range(args.num_rl_agents)]
-    for i, env in enumerate(envs + learner_envs):
-        env.reset(seed=args.seed + i)
-    obs_dim, act_dim = envs[0].observation_space.shape[0], envs[0].action_space.shape[0]
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                       config=asdict(args), name=self.name, id=self.name[-64:].replace(".", "-"), resume="allow",
+                       save_code=True, dir=self.dir)
+        if args.capture_video and "DISPLAY" not in os.environ:
+            os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering
+        self.writer = SummaryWriter(self.dir, purge_step=checkpoint["global_step"] if checkpoint else None)
+        self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
+            f"|{k}|{v}|" for k, v in asdict(args).items()))
+        # Each update's metrics stay on the device until the next log, so that a non-finite one can be named with
+        # its update and step without waiting for the device after every update.
+        self.names, self.history, self.updates, self.sps_start = None, [], [], None
+        self.stop = []  # the signal that asks the run to stop, once one arrives
+        self.handlers = {s: signal.signal(s, lambda signum, frame: self.stop.append(signum))
+                         for s in (signal.SIGINT, signal.SIGTERM)}
+        print(f"run {self.dir}: {args.env_id}, {args.total_timesteps} steps on {device}", flush=True)
 
-    weights, biases = stack_actors([Actor(obs_dim, act_dim).to(device) for _ in range(args.pop_size)])
-    fitness = np.zeros(args.pop_size)
-    actors = [Actor(obs_dim, act_dim).to(device) for _ in range(args.num_rl_agents)]
-    actor_targets = [Actor(obs_dim, act_dim).to(device) for _ in range(args.num_rl_agents)]
-    qfs = [Critic(obs_dim, act_dim).to(device) for _ in range(1 if args.shared_critic else args.num_rl_agents)]
-    qf_targets = [Critic(obs_dim, act_dim).to(device) for _ in qfs]
-    for target, source in zip(actor_targets + qf_targets, actors + qfs):
-        target.load_state_dict(source.state_dict())
-    # fused: one kernel for all parameters, 2-3x faster than the default foreach Adam on CPU; same update rule
-    actor_optimizers = [torch.optim.Adam(a.parameters(), lr=args.learning_rate, fused=True) for a in actors]
-    q_optimizers = [torch.optim.Adam(q.parameters(), lr=args.learning_rate, fused=True) for q in qfs]
-    rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, device)
-    modules = {"rb": rb, **{f"{name}_{k}": module for name, group in [
-        ("actor", actors), ("actor_target", actor_targets), ("actor_optimizer", actor_optimizers), ("qf", qfs),
-        ("qf_target", qf_targets), ("q_optimizer", q_optimizers)] for k, module in enumerate(group)}}
+    def sps(self, global_step):
+        """Env steps per second since the first update."""
+        start_step, start_time = self.sps_start or (global_step, time.time())
+        return (global_step - start_step) / max(time.time() - start_time, 1e-9)
 
-    global_step, num_updates, wall_time, generation = 0, 0, 0.0, 0
-    injected = np.zeros(0, dtype=np.int64)  # the slots of the learners' copies, until the next genetic step
-    fates = {"elite": 0, "selected": 0, "discarded": 0}
-    if checkpoint:
-        for name, module in modules.items():
-            module.load_state_dict(checkpoint[name])
-        for p, saved in zip(weights + biases, checkpoint["population"]["weights"] + checkpoint["population"]["biases"]):
-            p.copy_(saved)
-        fitness, injected, fates = (checkpoint["population"][k] for k in ("fitness", "injected", "fates"))
-        for env, state in zip(envs + learner_envs, checkpoint["envs"]):  # episodes start with the generations: an
-            env.unwrapped.np_random.bit_generator.state = state  # env's RNG is all it takes to continue it
-        global_step, num_updates, wall_time, generation = (checkpoint[k] for k in ("global_step", "num_updates",
-                                                                                   "wall_time", "generation"))
-        random.setstate(checkpoint["rng"]["python"])
-        np.random.set_state(checkpoint["rng"]["numpy"])
-        rng.bit_generator.state = checkpoint["rng"]["ga"]
-        torch.set_rng_state(checkpoint["rng"]["torch"])
-        if device.type == "cuda" and checkpoint["rng"]["cuda"] is not None:
-            torch.cuda.set_rng_state(checkpoint["rng"]["cuda"])
-        drop_evaluations_after(os.path.join(run_dir, "evaluations.csv"), global_step)
-        print(f"resumed {run_dir} at global_step {global_step}")
+    def log_generation(self, global_step, generation, fitness, fates, learner_returns):
+        for statistic in ("max", "mean", "min"):
+            self.writer.add_scalar(f"evolution/fitness_{statistic}", getattr(fitness, statistic)(), global_step)
+        self.writer.add_scalar("evolution/generation", generation, global_step)
+        for fate, count in fates.items():  # the "RL selection rate": elite + selected over all injections
+            self.writer.add_scalar(f"evolution/injected_{fate}", count / max(sum(fates.values()), 1), global_step)
+        for k, episode_return in enumerate(learner_returns):  # learner 0's under CleanRL's name
+            self.writer.add_scalar("charts/episodic_return" + (f"_{k}" if k else ""), episode_return, global_step)
 
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
+    def record(self, global_step, update, **metrics):
+        """Keep one update's metrics (scalar tensors, on the device) until the generation's end: see flush."""
+        self.sps_start = self.sps_start or (global_step, time.time())
+        self.names = list(metrics)
+        self.history.append(torch.stack(list(metrics.values())))
+        self.updates.append((update, global_step))
 
-    def save_checkpoint():
-        state = {name: module.state_dict() for name, module in modules.items()}
-        state.update(args=asdict(args), run_name=run_name, global_step=global_step, num_updates=num_updates,
-                     wall_time=wall_time + time.time() - start_time, generation=generation,
-                     envs=[env.unwrapped.np_random.bit_generator.state for env in envs + learner_envs],
-                     population={"weights": [w.cpu() for w in weights], "biases": [b.cpu() for b in biases],
-                                 "fitness": fitness, "injected": injected, "fates": fates},
-                     rng={"python": random.getstate(), "numpy": np.random.get_state(), "ga": rng.bit_generator.state,
-                          "torch": torch.get_rng_state(),
-                          "cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None})
-        torch.save(state, checkpoint_path + ".tmp")
-        os.replace(checkpoint_path + ".tmp", checkpoint_path)  # a kill while writing leaves the old checkpoint whole
-
-    def champion(obs):
-        c = int(np.argmax(fitness))
-        return population_forward([w[c:c + 1] for w in weights], [b[c:c + 1] for b in biases], obs)
-
-    def run_evaluation():
-        stop_if_nonfinite()
-        video_folder = os.path.join("videos", run_name) if args.capture_video else None
-        results = [evaluate(policy, args.env_id, args.eval_episodes, args.seed + 100_000, device, folder,
-                            video_prefix=f"step-{global_step}") for policy, folder in [(champion, video_folder),
-                                                                                      (actors[0], None)]]
-        (mean, std), (learner_mean, learner_std) = [(float(np.mean(r)), float(np.std(r))) for r in results]
-        writer.add_scalar("eval/episodic_return", mean, global_step)
-        writer.add_scalar("eval/learner_episodic_return", learner_mean, global_step)
-        path = os.path.join(run_dir, "evaluations.csv")
-        new_file = not os.path.exists(path)
-        with open(path, "a", newline="") as f:
-            out = csv.writer(f)
-            if new_file:
-                out.writerow(["global_step", "wall_time_s", "mean_return", "std_return", "returns",
-                              "learner_mean_return", "learner_std_return"])
-            out.writerow([global_step, round(wall_time + time.time() - start_time, 1), mean, std,
-                          " ".join(f"{r:.2f}" for r in results[0]), learner_mean, learner_std])
-        return mean, std, learner_mean
-
-    def crossed(freq):
-        return freq > 0 and global_step // freq != generation_start // freq
-
-    # The generation's losses stay on the device until its end, so that a non-finite one can be reported without
-    # waiting for the device after every update.
-    losses = []
-
-    def stop_if_nonfinite(cause=None):
-        """Fail naming the first non-finite loss of this generation's updates."""
-        if losses:
-            history = torch.stack(losses)
-            bad = (~torch.isfinite(history)).nonzero().tolist()
-            if bad:
-                i, which = bad[0]
-                cause = (f"{('critic', 'actor')[which]} loss of learner {i % args.num_rl_agents} in update "
-                         f"{i // args.num_rl_agents + 1} of generation {generation}, at global_step {global_step}")
+    def flush(self, global_step, cause=None):
+        """Stop on the first non-finite metric since the last log, or else on `cause`; log the metrics' means."""
+        values = torch.stack(self.history) if self.history else None
+        bad = [] if values is None else (~torch.isfinite(values)).nonzero().tolist()
+        if bad:
+            (update, step), name = self.updates[bad[0][0]], self.names[bad[0][1]]
+            cause = f"{name} in update {update}, at global_step {step}"
         if cause:
             fail(f"non-finite {cause}; stopping. Last checkpoint: "
-                 f"{checkpoint_path if os.path.exists(checkpoint_path) else 'none'}")
+                 f"{self.checkpoint_path if os.path.exists(self.checkpoint_path) else 'none'}")
+        if values is not None:
+            for name, value in zip(self.names, values.mean(0).tolist()):
+                self.writer.add_scalar(f"losses/{name}", value, global_step)
+            self.writer.add_scalar("charts/SPS", int(self.sps(global_step)), global_step)
+        self.history, self.updates = [], []
 
-    stop_signal = []
-    previous_handlers = {s: signal.signal(s, lambda signum, frame: stop_signal.append(signum))
-                         for s in (signal.SIGINT, signal.SIGTERM)}
-    actor_loss = [torch.zeros((), device=device)] * args.num_rl_agents
-    start_time, sps_start, last_eval = time.time(), None, None
-    print(f"run {run_dir}: {args.env_id}, {args.total_timesteps} steps on {device}")
-    try:
-        while global_step < args.total_timesteps:
-            generation_start = global_step
-            # 1. Fitness: every individual's episodes at once, without noise. 2. The learners' noisy episodes.
-            fitness, population_steps = run_episodes(weights, biases, envs, args.episodes_for_fitness, 0.0, device, rb)
-            learner_returns, learner_steps = run_episodes(*stack_actors(actors), learner_envs, 1,
-                                                          args.exploration_noise, device, rb)
-            global_step += population_steps + learner_steps
-            if not np.isfinite(fitness).all():
-                stop_if_nonfinite(f"fitness in generation {generation}, at global_step {global_step}")
+    def evaluate(self, global_step, policy, learner):
+        """Evaluate the champion `policy`, and the first `learner` in extra columns, into evaluations.csv and
+        TensorBoard, and print a progress line."""
+        self.flush(global_step)
+        video_folder = os.path.join("videos", self.name) if self.args.capture_video else None
+        results = [evaluate(p, self.args.env_id, self.args.eval_episodes, self.args.seed + 100_000, self.device,
+                            folder, video_prefix=f"step-{global_step}") for p, folder in [(policy, video_folder),
+                                                                                          (learner, None)]]
+        (mean, std), (learner_mean, learner_std) = [(float(np.mean(r)), float(np.std(r))) for r in results]
+        self.writer.add_scalar("eval/episodic_return", mean, global_step)
+        self.writer.add_scalar("eval/learner_episodic_return", learner_mean, global_step)
+        path = os.path.join(self.dir, "evaluations.csv")
+        new_file = not os.path.exists(path)
+        with open(path, "a", newline="") as f:
+            if new_file:
+                csv.writer(f).writerow(["global_step", "wall_time_s", "mean_return", "std_return", "returns",
+                                        "learner_mean_return", "learner_std_return"])
+            csv.writer(f).writerow([global_step, round(self.elapsed(), 1), mean, std,
+                                    " ".join(f"{r:.2f}" for r in results[0]), learner_mean, learner_std])
+        self.result = {"run_dir": self.dir, "global_step": global_step, "eval_mean": mean, "eval_std": std,
+                       "learner_eval_mean": learner_mean}
+        sps = self.sps(global_step) if self.sps_start else 0.0
+        eta = f"{(self.args.total_timesteps - global_step) / sps / 60:.1f} min" if sps else "-"
+        print(f"step {global_step}/{self.args.total_timesteps} | eval return {mean:.1f} +- {std:.1f} (learner "
+              f"{learner_mean:.1f}) | SPS {sps:.0f} | ETA {eta}", flush=True)
 
-            # 3. TD3 updates, --utd-ratio per env step of this generation, for each learner.
-            losses.clear()
-            if len(rb) >= args.learning_starts:
-                if sps_start is None:
-                    sps_start = (generation_start, time.time())
-                for _ in range(int(args.utd_ratio * (global_step - generation_start))):
-                    for k in range(args.num_rl_agents):
-                        q = 0 if args.shared_critic else k
-                        batch = rb.sample(args.batch_size)
-                        qf_loss, q_values = update_critic(batch, actor_targets[k], qfs[q], qf_targets[q],
-                                                          q_optimizers[q], args)
-                        if num_updates % args.policy_frequency == 0:
-                            actor_loss[k] = update_actor(batch[0], actors[k], qfs[q], actor_optimizers[k])
-                            soft_update(actor_targets[k], actors[k], args.tau)
-                            soft_update(qf_targets[q], qfs[q], args.tau)
-                        losses.append(torch.stack((qf_loss, actor_loss[k])))
-                    num_updates += 1
-            stop_if_nonfinite()
+    def elapsed(self):
+        return self.wall_time + time.time() - self.start_time
 
-            # 4. The genetic step; the fate of the learners' copies injected last time. 5. Injection.
-            elites, parents = next_generation(weights, biases, fitness, args, rng)
-            for slot in injected:
-                fates["elite" if slot in elites else "selected" if slot in parents else "discarded"] += 1
-            generation += 1
-            injected = (inject(weights, biases, fitness, actors) if generation % args.rl_injection_interval == 0
-                        else np.zeros(0, dtype=np.int64))
+    def save_checkpoint(self, state, counters, envs, episodes):
+        """Write everything needed to continue: `state`, the loop's counters (global_step first), the envs and their
+        episodes, every RNG. After a SIGINT/SIGTERM, exit once it is written."""
+        self.flush(counters[0])
+        checkpoint = {"args": asdict(self.args), "run_name": self.name, "global_step": counters[0],
+                      "wall_time": self.elapsed(), "counters": counters,
+                      "state": {name: value.bit_generator.state if isinstance(value, np.random.Generator)
+                                else value.cpu() if isinstance(value, torch.Tensor)
+                                else value.state_dict() for name, value in state.items()},
+                      "envs": [env_state(env) for env in envs], "episodes": episodes,
+                      "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
+                              "torch": torch.get_rng_state(),
+                              "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
+        torch.save(checkpoint, self.checkpoint_path + ".tmp")
+        os.replace(self.checkpoint_path + ".tmp", self.checkpoint_path)  # a kill while writing leaves the old one whole
+        if self.stop:
+            print(f"{signal.Signals(self.stop[0]).name} at global_step {counters[0]}: checkpoint written to "
+                  f"{self.checkpoint_path}; continue with --resume {self.checkpoint_path}", file=sys.stderr)
+            sys.exit(128 + self.stop[0])
 
-            for statistic in ("max", "mean", "min"):
-                writer.add_scalar(f"evolution/fitness_{statistic}", getattr(fitness, statistic)(), global_step)
-            writer.add_scalar("evolution/generation", generation, global_step)
-            for fate, count in fates.items():  # the "RL selection rate": elite + selected over all injections
-                writer.add_scalar(f"evolution/injected_{fate}", count / max(sum(fates.values()), 1), global_step)
-            for k, episode_return in enumerate(learner_returns):  # learner 0's under CleanRL's name
-                writer.add_scalar("charts/episodic_return" + (f"_{k}" if k else ""), episode_return, global_step)
-            if losses:
-                sps = (global_step - sps_start[0]) / max(time.time() - sps_start[1], 1e-9)
-                writer.add_scalar("losses/qf1_values", q_values[0].item(), global_step)
-                writer.add_scalar("losses/qf2_values", q_values[1].item(), global_step)
-                writer.add_scalar("losses/qf_loss", qf_loss.item() / 2.0, global_step)
-                writer.add_scalar("losses/actor_loss", actor_loss[-1].item(), global_step)
-                writer.add_scalar("charts/SPS", int(sps), global_step)
+    def restore(self, checkpoint, state, envs):
+        """Load a checkpoint into `state`, the envs and the RNGs; returns the loop's counters and the envs' episodes
+        (None when the envs' state cannot be restored: the run then starts new episodes)."""
+        for name, value in state.items():
+            if isinstance(value, np.random.Generator):
+                value.bit_generator.state = checkpoint["state"][name]
+            elif isinstance(value, torch.Tensor):
+                value.copy_(checkpoint["state"][name])
+            else:
+                value.load_state_dict(checkpoint["state"][name])
+        for env, saved in zip(envs, checkpoint["envs"]):
+            set_env_state(env, saved)
+        random.setstate(checkpoint["rng"]["python"])
+        np.random.set_state(checkpoint["rng"]["numpy"])
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+        if torch.cuda.is_available() and checkpoint["rng"]["cuda"] is not None:
+            torch.cuda.set_rng_state_all(checkpoint["rng"]["cuda"])
+        self.wall_time = checkpoint["wall_time"]
+        print(f"resumed {self.dir} at global_step {checkpoint['global_step']}", flush=True)
+        return checkpoint["counters"], checkpoint["episodes"]
 
-            if crossed(args.eval_freq):
-                last_eval = (global_step, *run_evaluation())
-                sps = (global_step - sps_start[0]) / max(time.time() - sps_start[1], 1e-9) if sps_start else 0.0
-                eta = f"{(args.total_timesteps - global_step) / sps / 60:.1f} min" if sps else "-"
-                print(f"step {global_step}/{args.total_timesteps} | generation {generation} | eval return "
-                      f"{last_eval[1]:.1f} +- {last_eval[2]:.1f} (learner {last_eval[3]:.1f}) | fitness max "
-                      f"{fitness.max():.1f} mean {fitness.mean():.1f} | SPS {sps:.0f} | ETA {eta}", flush=True)
-            if crossed(args.checkpoint_freq):
-                save_checkpoint()
-            if stop_signal:
-                save_checkpoint()
-                name = signal.Signals(stop_signal[0]).name
-                print(f"{name} at global_step {global_step}: checkpoint written to {checkpoint_path}; "
-                      f"continue with --resume {checkpoint_path}", file=sys.stderr)
-                sys.exit(128 + stop_signal[0])
+    def save_model(self, weights, biases, fitness, actors, qfs):
+        """Write the final population and learners, on the CPU, to model.pt."""
+        torch.save({"population": {"weights": [w.cpu() for w in weights], "biases": [b.cpu() for b in biases],
+                                   "fitness": fitness}, "args": asdict(self.args),
+                    **{name: [{k: v.cpu() for k, v in net.state_dict().items()} for net in nets]
+                       for name, nets in (("actors", actors), ("qfs", qfs))}},
+                   os.path.join(self.dir, "model.pt"))
 
-        if last_eval is None or last_eval[0] != global_step:
-            last_eval = (global_step, *run_evaluation())
-        if args.checkpoint_freq:
-            save_checkpoint()
-        if args.save_model:
-            torch.save({"population": {"weights": [w.cpu() for w in weights], "biases": [b.cpu() for b in biases],
-                                       "fitness": fitness}, "actors": [a.state_dict() for a in actors],
-                        "qfs": [q.state_dict() for q in qfs], "args": asdict(args)}, os.path.join(run_dir, "model.pt"))
-        print(f"done: {global_step} steps, {generation} generations, final eval return {last_eval[1]:.1f} +- "
-              f"{last_eval[2]:.1f} (learner {last_eval[3]:.1f})")
-    finally:
-        for s, handler in previous_handlers.items():
+    def close(self):
+        for s, handler in self.handlers.items():
             signal.signal(s, handler)
-        for env in envs + learner_envs:
-            env.close()
-        writer.close()
-        if args.track:
+        self.writer.close()
+        if self.args.track:
+            import wandb
+
             wandb.finish()
-    return {"run_dir": run_dir, "global_step": global_step, "eval_mean": last_eval[1], "eval_std": last_eval[2],
-            "learner_eval_mean": last_eval[3]}
 
 
 if __name__ == "__main__":

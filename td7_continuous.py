@@ -11,7 +11,8 @@ the algorithm:
   Sampling is theirs: exact priority-proportional, a cumulative sum and a binary search.
 - Networks that are never trained directly (targets, fixed encoders, checkpoints) hold no gradients, and the
   actor update computes none for the critic or the fixed encoder (the authors compute and discard them).
-  Adam is the fused implementation (the same update rule).
+  Adam is the fused implementation (the same update rule). The names are CleanRL's, as in td3_continuous.py:
+  the critic is `qf`, its optimizer `q_optimizer`, a training step an update (`num_updates`).
 - With --no-checkpoints and --num-envs N, each vector step runs N training steps (one per env step).
 - SIGINT/SIGTERM are acted on between training bursts, so after at most one episode's training steps.
 - Added: periodic evaluation into evaluations.csv, checkpoints of the whole run with --resume, SIGINT/SIGTERM
@@ -22,6 +23,9 @@ checkpoints, as the authors' D4RL mode; global_step then counts training steps. 
 observations (N, obs_dim), actions (N, act_dim) in the env's units, rewards (N,), next_observations
 (N, obs_dim) and terminals (N,) (1 where the episode terminated; 0 otherwise, time-limit truncations too);
 --save-buffer writes an online run's replay buffer in this format.
+
+The file has two parts: the algorithm, from here to `main`, and below the banner after it the run
+machinery, which changes nothing that is computed.
 """
 import copy
 import csv
@@ -36,6 +40,7 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 import gymnasium as gym
+import mujoco
 import numpy as np
 import torch
 import torch.nn as nn
@@ -92,7 +97,7 @@ class Args:
     resume: Optional[str] = None
     """path of a checkpoint.pt to continue from (the run keeps its directory)"""
     log_freq: int = 100
-    """log losses, and check them for NaN, every this many env steps"""
+    """log the mean of the losses over this many updates, and check them for NaN"""
 
     # Algorithm specific arguments (the authors' defaults)
     offline: bool = False
@@ -104,7 +109,7 @@ class Args:
     checkpoints: bool = True
     """TD7's policy checkpoints: train in bursts at episode ends, evaluate with the checkpoint policy"""
     target_update_rate: int = 250
-    """training steps between the hard copies into the target and fixed networks"""
+    """updates (training steps) between the hard copies into the target and fixed networks"""
     exploration_noise: float = 0.1
     """the scale of the exploration noise (in the normalised action space [-1, 1])"""
     policy_noise: float = 0.2
@@ -122,7 +127,7 @@ class Args:
     max_eps_when_checkpointing: int = 20
     """episodes that judge a policy after --steps-before-checkpointing (1 before)"""
     steps_before_checkpointing: int = 750000
-    """training steps after which checkpoints are judged on more episodes"""
+    """updates after which checkpoints are judged on more episodes"""
     reset_weight: float = 0.9
     """the checkpoint's best minimum return is multiplied by this at that switch"""
     zs_dim: int = 256
@@ -131,96 +136,19 @@ class Args:
     """the hidden width of the encoder, critic and actor"""
     encoder_lr: float = 3e-4
     """the learning rate of the encoder"""
-    critic_lr: float = 3e-4
-    """the learning rate of the critic"""
-    actor_lr: float = 3e-4
-    """the learning rate of the actor"""
-
-
-# Flags that may differ when resuming: they change how a run is watched, not what it computes.
-RESUMABLE_FLAGS = {"total_timesteps", "resume", "track", "wandb_project_name", "wandb_entity", "capture_video",
-                   "save_model", "eval_freq", "eval_episodes", "checkpoint_freq", "log_freq", "torch_threads", "cuda",
-                   "save_buffer"}
-
-
-def fail(message):
-    """Stop with one line on stderr and exit status 1: the form of every user error."""
-    sys.exit(f"error: {message}")
-
-
-def check_args(args):
-    for name in ["total_timesteps", "num_envs", "buffer_size", "batch_size", "eval_episodes", "log_freq",
-                 "policy_frequency", "target_update_rate", "encoder_lr", "critic_lr", "actor_lr", "zs_dim",
-                 "hidden_dim", "max_eps_when_checkpointing", "min_priority"]:
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    for name in ["learning_starts", "eval_freq", "checkpoint_freq", "torch_threads", "policy_noise", "noise_clip",
-                 "exploration_noise", "alpha", "lmbda", "steps_before_checkpointing", "reset_weight"]:
-        if getattr(args, name) < 0:
-            fail(f"--{name.replace('_', '-')} must not be negative, got {getattr(args, name)}")
-    if not 0 <= args.gamma <= 1:
-        fail(f"--gamma must lie in [0, 1], got {args.gamma}")
-    if args.batch_size > args.buffer_size:
-        fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
-    if args.offline and not args.dataset:
-        fail("--offline needs --dataset PATH")
-    if args.dataset and not args.offline:
-        fail("--dataset is only read with --offline")
-    if args.num_envs > 1 and args.checkpoints and not args.offline:
-        fail("--num-envs above 1 needs --no-checkpoints: a checkpoint judges whole episodes of one policy")
+    policy_lr: float = 3e-4
+    """the learning rate of the policy network optimizer"""
+    q_lr: float = 3e-4
+    """the learning rate of the Q network optimizer"""
 
 
 def make_env(env_id):
     return lambda: gym.make(env_id)
 
 
-def check_env(env_id):
-    """Fail with one line unless env_id names an env this script can learn: vector observations, bounded actions."""
-    try:
-        env = gym.make(env_id)
-    except Exception as e:  # gymnasium raises many kinds: unknown id, missing extra, bad module path
-        fail(f"cannot make --env-id {env_id!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-    obs_space, act_space = env.observation_space, env.action_space
-    env.close()
-    if not isinstance(act_space, gym.spaces.Box):
-        fail(f"{env_id} has a {type(act_space).__name__} action space; TD3 needs a continuous (Box) one, "
-             "see sac_discrete.py")
-    if not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
-        fail(f"{env_id} has unbounded actions; TD3's tanh policy needs finite bounds")
-    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-        fail(f"{env_id} has {obs_space} observations; this script needs a flat vector (Box of one dimension)")
-
-
 def to_env(action, low, high):
     """The one place where a normalised action in [-1, 1] becomes the env's action in [low, high]."""
     return low + (action + 1.0) * 0.5 * (high - low)
-
-
-def env_state(env):
-    """What it takes to continue one env's episode bit for bit: its RNG, time-limit counter and physics."""
-    u = env.unwrapped
-    state = {"np_random": u.np_random.bit_generator.state, "elapsed_steps": env.get_wrapper_attr("_elapsed_steps")}
-    if hasattr(u, "model") and hasattr(u, "data"):  # MuJoCo: the full integration state, warm-start included
-        import mujoco
-        spec = mujoco.mjtState.mjSTATE_INTEGRATION
-        physics = np.empty(mujoco.mj_stateSize(u.model, spec))
-        mujoco.mj_getState(u.model, u.data, physics, spec)
-        state["mujoco"] = physics
-    elif hasattr(u, "state"):  # classic control
-        state["state"] = np.array(u.state)
-    return state
-
-
-def set_env_state(env, state):
-    u = env.unwrapped
-    u.np_random.bit_generator.state = state["np_random"]
-    env.set_wrapper_attr("_elapsed_steps", state["elapsed_steps"])
-    if "mujoco" in state:
-        import mujoco
-        mujoco.mj_setState(u.model, u.data, state["mujoco"], mujoco.mjtState.mjSTATE_INTEGRATION)
-        mujoco.mj_forward(u.model, u.data)
-    elif "state" in state:
-        u.state = state["state"]
 
 
 def AvgL1Norm(x, eps=1e-8):
@@ -278,7 +206,13 @@ class Critic(nn.Module):
 
     def forward(self, obs, action, zsa, zs):
         sa, embeddings = torch.cat([obs, action], 1), torch.cat([zsa, zs], 1)
-        return torch.cat([head(torch.cat([AvgL1Norm(q0(sa)), embeddings], 1)) for q0, head in zip(self.q0, self.heads)], 1)
+        q = [head(torch.cat([AvgL1Norm(q0(sa)), embeddings], 1)) for q0, head in zip(self.q0, self.heads)]
+        return torch.cat(q, 1)
+
+    def fixed(self, obs, action, zsa, zs):
+        """Q values with the critic's weights held fixed: gradients reach the action and zsa, not the critic."""
+        params = {name: p.detach() for name, p in self.named_parameters()}
+        return torch.func.functional_call(self, params, (obs, action, zsa, zs))
 
 
 class LAPReplayBuffer:
@@ -323,8 +257,8 @@ class LAPReplayBuffer:
         self.max_priority = self.priority[: len(self)].max()
 
     def state_dict(self):
-        return {"data": self.data[: len(self)].cpu(), "priority": self.priority[: len(self)].cpu(), "pos": self.pos,
-                "full": self.full, "max_priority": self.max_priority.cpu()}
+        return {"data": self.data[: len(self)].to("cpu", copy=True), "pos": self.pos, "full": self.full,
+                "priority": self.priority[: len(self)].to("cpu", copy=True), "max_priority": self.max_priority.cpu()}
 
     def load_state_dict(self, state):
         self.data[: len(state["data"])] = state["data"].to(self.device)
@@ -332,89 +266,66 @@ class LAPReplayBuffer:
         self.pos, self.full, self.max_priority = state["pos"], state["full"], state["max_priority"].to(self.device)
 
 
-class TD7(nn.Module):
-    """All of TD7's networks, optimisers and value-clip bookkeeping, and one training step in the authors' order."""
+def td_target(reward, terminated, next_q, gamma):
+    """y = r + gamma * (1 - terminated) * min_i Q'_i(s', a'): only a true termination stops the bootstrap."""
+    return reward + gamma * (1.0 - terminated) * next_q
 
-    def __init__(self, obs_dim, act_dim, args, device):
-        super().__init__()
-        self.args, self.training_steps = args, 0
-        self.encoder = Encoder(obs_dim, act_dim, args.zs_dim, args.hidden_dim)
-        self.actor = Actor(obs_dim, act_dim, args.zs_dim, args.hidden_dim)
-        self.critic = Critic(obs_dim, act_dim, args.zs_dim, args.hidden_dim)
-        # Copies that are only ever overwritten, never trained: they hold no gradients.
-        self.fixed_encoder, self.fixed_encoder_target, self.checkpoint_encoder = (
-            copy.deepcopy(self.encoder).requires_grad_(False) for _ in range(3))
-        self.actor_target, self.checkpoint_actor = (copy.deepcopy(self.actor).requires_grad_(False) for _ in range(2))
-        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        # Value clipping: targets are clipped to the range of all targets seen up to the last target update.
-        self.register_buffer("value_range", torch.tensor([1e8, -1e8]))  # running (min, max) of the targets
-        self.register_buffer("value_clip", torch.zeros(2))  # (min_target, max_target): 0/0 before the first copy
-        self.register_buffer("actor_loss", torch.zeros(()))
-        self.to(device)
-        # fused: one kernel for all parameters, 2-3x faster than the default foreach Adam on CPU; same update rule
-        self.optimizers = {name: torch.optim.Adam(getattr(self, name).parameters(), lr=lr, fused=True)
-                           for name, lr in (("encoder", args.encoder_lr), ("critic", args.critic_lr),
-                                            ("actor", args.actor_lr))}
 
-    def train_step(self, rb):
-        """One TD7 training step; returns the (critic, actor, encoder) losses and the mean Q, on the device."""
-        args = self.args
-        self.training_steps += 1
-        obs, action, reward, terminated, next_obs = rb.sample(args.batch_size)
+def frozen_copy(network):
+    """A copy that is only ever overwritten, never trained: it holds no gradients."""
+    return copy.deepcopy(network).requires_grad_(False)
 
-        # Encoder: g(f(s), a) predicts f(s'), both from the current encoder.
-        with torch.no_grad():
-            next_zs = self.encoder.zs(next_obs)
-        encoder_loss = F.mse_loss(self.encoder.zsa(self.encoder.zs(obs), action), next_zs)
-        self.optimizers["encoder"].zero_grad(set_to_none=True)
-        encoder_loss.backward()
-        self.optimizers["encoder"].step()
 
-        # Critic: clipped double-Q target through the fixed target encoder, LAP-Huber loss.
-        with torch.no_grad():
-            fixed_target_zs = self.fixed_encoder_target.zs(next_obs)
-            noise = (torch.randn_like(action) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
-            next_action = (self.actor_target(next_obs, fixed_target_zs) + noise).clamp(-1.0, 1.0)
-            fixed_target_zsa = self.fixed_encoder_target.zsa(fixed_target_zs, next_action)
-            next_q = self.critic_target(next_obs, next_action, fixed_target_zsa, fixed_target_zs).min(1, keepdim=True)[0]
-            target = reward + (1.0 - terminated) * args.gamma * next_q.clamp(self.value_clip[0], self.value_clip[1])
-            self.value_range = torch.stack((torch.minimum(self.value_range[0], target.min()),
-                                            torch.maximum(self.value_range[1], target.max())))
-            fixed_zs = self.fixed_encoder.zs(obs)
-            fixed_zsa = self.fixed_encoder.zsa(fixed_zs, action)
-        q = self.critic(obs, action, fixed_zsa, fixed_zs)
-        td = (q - target).abs()
-        critic_loss = LAP_huber(td, args.min_priority)
-        self.optimizers["critic"].zero_grad(set_to_none=True)
-        critic_loss.backward()
-        self.optimizers["critic"].step()
+def update_encoder(batch, encoder, encoder_optimizer):
+    """SALE: g(f(s), a) predicts f(s'), both from the current encoder."""
+    obs, action, _, _, next_obs = batch
+    with torch.no_grad():
+        next_zs = encoder.zs(next_obs)
+    encoder_loss = F.mse_loss(encoder.zsa(encoder.zs(obs), action), next_zs)
+    encoder_optimizer.zero_grad(set_to_none=True)
+    encoder_loss.backward()
+    encoder_optimizer.step()
+    return encoder_loss.detach()
 
-        # LAP: the sampled rows' priorities become their largest TD error.
-        rb.update_priority(td.detach().max(1)[0].clamp(min=args.min_priority).pow(args.alpha))
 
-        # Actor, every policy_frequency steps: gradients reach the actor only.
-        if self.training_steps % args.policy_frequency == 0:
-            self.critic.requires_grad_(False)
-            pi = self.actor(obs, fixed_zs)
-            q_pi = self.critic(obs, pi, self.fixed_encoder.zsa(fixed_zs, pi), fixed_zs)
-            actor_loss = -q_pi.mean()
-            if args.offline:  # TD3+BC
-                actor_loss = actor_loss + args.lmbda * q_pi.abs().mean().detach() * F.mse_loss(pi, action)
-            self.optimizers["actor"].zero_grad(set_to_none=True)
-            actor_loss.backward()
-            self.optimizers["actor"].step()
-            self.critic.requires_grad_(True)
-            self.actor_loss = actor_loss.detach()
+def update_critic(batch, actor_target, qf, qf_target, q_optimizer, fixed_encoder, fixed_encoder_target, value_range,
+                  value_clip, args):
+    """Clipped double-Q target through the fixed target encoder, clipped to the range of the targets seen up to the
+    last target update (value_range keeps it); LAP-Huber loss. Returns the loss, the TD errors (batch, 2), the mean
+    Q values and the fixed embedding zs of the batch, which the actor update reuses."""
+    obs, action, reward, terminated, next_obs = batch
+    with torch.no_grad():
+        fixed_target_zs = fixed_encoder_target.zs(next_obs)
+        noise = (torch.randn_like(action) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
+        next_action = (actor_target(next_obs, fixed_target_zs) + noise).clamp(-1.0, 1.0)
+        fixed_target_zsa = fixed_encoder_target.zsa(fixed_target_zs, next_action)
+        next_q = qf_target(next_obs, next_action, fixed_target_zsa, fixed_target_zs).min(1, keepdim=True)[0]
+        target = td_target(reward, terminated, next_q.clamp(value_clip[0], value_clip[1]), args.gamma)
+        value_range.copy_(torch.stack((torch.minimum(value_range[0], target.min()),
+                                       torch.maximum(value_range[1], target.max()))))
+        fixed_zs = fixed_encoder.zs(obs)
+        fixed_zsa = fixed_encoder.zsa(fixed_zs, action)
+    q = qf(obs, action, fixed_zsa, fixed_zs)
+    td = (q - target).abs()
+    qf_loss = LAP_huber(td, args.min_priority)
+    q_optimizer.zero_grad(set_to_none=True)
+    qf_loss.backward()
+    q_optimizer.step()
+    return qf_loss.detach(), td.detach(), q.detach().mean(0), fixed_zs
 
-        # The cascade: each target takes the network it follows, the fixed target encoder the old fixed encoder.
-        if self.training_steps % args.target_update_rate == 0:
-            self.actor_target.load_state_dict(self.actor.state_dict())
-            self.critic_target.load_state_dict(self.critic.state_dict())
-            self.fixed_encoder_target.load_state_dict(self.fixed_encoder.state_dict())
-            self.fixed_encoder.load_state_dict(self.encoder.state_dict())
-            rb.reset_max_priority()
-            self.value_clip = self.value_range.clone()
-        return torch.stack((critic_loss.detach(), self.actor_loss, encoder_loss.detach(), q.detach().mean()))
+
+def update_actor(batch, fixed_zs, actor, qf, fixed_encoder, actor_optimizer, args):
+    """-Q(s, pi(s)) through the fixed encoder, plus the TD3+BC term offline; gradients reach the actor only."""
+    obs, action = batch[0], batch[1]
+    pi = actor(obs, fixed_zs)
+    q_pi = qf.fixed(obs, pi, fixed_encoder.zsa(fixed_zs, pi), fixed_zs)
+    actor_loss = -q_pi.mean()
+    if args.offline:  # TD3+BC
+        actor_loss = actor_loss + args.lmbda * q_pi.abs().mean().detach() * F.mse_loss(pi, action)
+    actor_optimizer.zero_grad(set_to_none=True)
+    actor_loss.backward()
+    actor_optimizer.step()
+    return actor_loss.detach()
 
 
 @dataclass
@@ -424,7 +335,7 @@ class CheckpointPolicy:
     A policy is judged on the minimum return of its episodes: 1 episode at first, max_eps_when_checkpointing
     after steps_before_checkpointing training steps. It becomes the checkpoint if it does at least as well as
     the checkpoint did; as soon as one episode does worse, judging stops early. Either way, the agent then
-    trains for as many steps as the judged episodes took.
+    trains for as many updates as the judged episodes took steps.
     """
     max_eps_before_update: int = 1
     eps_since_update: int = 0
@@ -433,7 +344,7 @@ class CheckpointPolicy:
     best_min_return: float = -1e8
 
     def episode_end(self, length, episode_return):
-        """Returns (take_checkpoint, training steps to run now)."""
+        """Returns (take_checkpoint, updates to run now)."""
         self.eps_since_update += 1
         self.timesteps_since_update += length
         self.min_return = min(self.min_return, episode_return)
@@ -445,23 +356,294 @@ class CheckpointPolicy:
         return False, 0
 
     def reset(self):
-        steps, self.eps_since_update, self.timesteps_since_update, self.min_return = self.timesteps_since_update, 0, 0, 1e8
-        return steps
+        updates = self.timesteps_since_update
+        self.eps_since_update, self.timesteps_since_update, self.min_return = 0, 0, 1e8
+        return updates
 
-    def before_training_step(self, training_steps, args):
-        """At steps_before_checkpointing: judge on more episodes, and lower the bar by reset_weight."""
-        if training_steps == args.steps_before_checkpointing:
+    def before_update(self, num_updates, args):
+        """After steps_before_checkpointing updates: judge on more episodes, and lower the bar by reset_weight."""
+        if num_updates == args.steps_before_checkpointing:
             self.best_min_return *= args.reset_weight
             self.max_eps_before_update = args.max_eps_when_checkpointing
 
 
-def drop_evaluations_after(path, global_step):
-    """On resume, forget evaluations made after the checkpoint: the resumed run makes them again."""
-    if os.path.exists(path):
-        with open(path, newline="") as f:
-            rows = list(csv.reader(f))
-        with open(path, "w", newline="") as f:
-            csv.writer(f).writerows(rows[:1] + [row for row in rows[1:] if int(row[0]) <= global_step])
+def true_next_obs(next_obs, infos):
+    """Same-step autoreset: next_obs of a finished env is already the next episode's first observation; the
+    transition must store the true final one."""
+    real_next_obs = next_obs.copy()
+    for i in np.flatnonzero(infos.get("_final_obs", [])):
+        real_next_obs[i] = infos["final_obs"][i]
+    return real_next_obs
+
+
+def main(args):
+    check_env(args.env_id)
+    check_args(args)
+    checkpoint = read_checkpoint(args)
+    envs = gym.vector.SyncVectorEnv([make_env(args.env_id) for _ in range(args.num_envs)],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+    low, high = envs.single_action_space.low, envs.single_action_space.high
+    dataset = load_dataset(args.dataset, obs_dim, act_dim, low, high) if args.offline else None
+    device = choose_device(args)
+    run = Run(args, checkpoint, device)
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    rng = np.random.default_rng(args.seed)  # the random actions before learning starts
+
+    encoder = Encoder(obs_dim, act_dim, args.zs_dim, args.hidden_dim).to(device)
+    actor = Actor(obs_dim, act_dim, args.zs_dim, args.hidden_dim).to(device)
+    qf = Critic(obs_dim, act_dim, args.zs_dim, args.hidden_dim).to(device)
+    fixed_encoder, fixed_encoder_target, checkpoint_encoder = (frozen_copy(encoder) for _ in range(3))
+    actor_target, checkpoint_actor = frozen_copy(actor), frozen_copy(actor)
+    qf_target = frozen_copy(qf)
+    # Value clipping: targets are clipped to the (min, max) of all targets seen up to the last target update.
+    value_range, value_clip = torch.tensor([1e8, -1e8], device=device), torch.zeros(2, device=device)
+    # fused: one kernel for all parameters, 2-3x faster than the default foreach Adam on CPU; same update rule
+    encoder_optimizer = torch.optim.Adam(encoder.parameters(), lr=args.encoder_lr, fused=True)
+    q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.q_lr, fused=True)
+    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True)
+    rb = LAPReplayBuffer(len(dataset["observations"]) if args.offline else args.buffer_size, obs_dim, act_dim, device)
+    if args.offline and not checkpoint:
+        rb.add(*(dataset[key] for key in ("observations", "actions", "rewards", "terminals", "next_observations")))
+    policy = CheckpointPolicy()  # TD7's policy checkpoints (online only): when to train, which policy to keep
+    use_checkpoints = args.checkpoints and not args.offline
+    # Everything a checkpoint holds besides the loop's counters and the envs: --resume restores exactly these.
+    state = {"encoder": encoder, "actor": actor, "qf": qf, "fixed_encoder": fixed_encoder,
+             "fixed_encoder_target": fixed_encoder_target, "checkpoint_encoder": checkpoint_encoder,
+             "actor_target": actor_target, "checkpoint_actor": checkpoint_actor, "qf_target": qf_target,
+             "value_range": value_range, "value_clip": value_clip, "encoder_optimizer": encoder_optimizer,
+             "q_optimizer": q_optimizer, "actor_optimizer": actor_optimizer, "rb": rb, "policy": policy, "rng": rng}
+    # Evaluation and the saved model use the checkpoint policy when there is one.
+    eval_actor, eval_encoder = (checkpoint_actor, checkpoint_encoder) if use_checkpoints else (actor, fixed_encoder)
+
+    obs, _ = envs.reset(seed=args.seed)
+    episode_return, episode_length = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
+    global_step, num_updates, allow_train = 0, 0, args.offline
+    if checkpoint:
+        (global_step, num_updates, allow_train), episodes = run.restore(checkpoint, state, envs.envs)
+        obs, episode_return, episode_length = episodes or (obs, episode_return, episode_length)
+    actor_loss = torch.zeros((), device=device)
+    try:
+        while global_step < args.total_timesteps:
+            if args.offline:  # one update per step, on the dataset
+                global_step, num_new_updates = global_step + 1, 1
+            else:
+                if not allow_train:
+                    action = rng.uniform(-1.0, 1.0, (args.num_envs, act_dim))
+                else:
+                    with torch.no_grad():
+                        o = torch.as_tensor(obs, dtype=torch.float32, device=device)
+                        action = actor(o, fixed_encoder.zs(o))
+                        action = (action + torch.randn_like(action) * args.exploration_noise).clamp(-1.0, 1.0)
+                        action = action.cpu().numpy()
+                    if not np.isfinite(action).all():  # the action is on the host anyway: a free check every step
+                        run.flush(global_step, cause=f"action at global_step {global_step}")
+                next_obs, reward, terminated, truncated, infos = envs.step(to_env(action, low, high))
+                global_step += args.num_envs
+
+                # With policy checkpoints the agent trains in bursts at episode ends; without, one update per step.
+                num_new_updates = args.num_envs if allow_train and not use_checkpoints else 0
+                episode_return += reward
+                episode_length += 1
+                for i in np.flatnonzero(terminated | truncated):
+                    run.log_episode(global_step, episode_return[i], episode_length[i])
+                    if allow_train and use_checkpoints:
+                        take_checkpoint, updates = policy.episode_end(int(episode_length[i]), float(episode_return[i]))
+                        if take_checkpoint:
+                            checkpoint_actor.load_state_dict(actor.state_dict())
+                            checkpoint_encoder.load_state_dict(fixed_encoder.state_dict())
+                        num_new_updates += updates
+                    allow_train = allow_train or global_step > args.learning_starts
+                    episode_return[i], episode_length[i] = 0.0, 0
+
+                rb.add(obs, action, reward, terminated, true_next_obs(next_obs, infos))
+                obs = next_obs
+
+            for _ in range(num_new_updates):
+                if use_checkpoints:
+                    policy.before_update(num_updates, args)
+                num_updates += 1
+                batch = rb.sample(args.batch_size)
+                encoder_loss = update_encoder(batch, encoder, encoder_optimizer)
+                qf_loss, td, qf_values, fixed_zs = update_critic(batch, actor_target, qf, qf_target, q_optimizer,
+                                                                 fixed_encoder, fixed_encoder_target, value_range,
+                                                                 value_clip, args)
+                rb.update_priority(td.max(1)[0].clamp(min=args.min_priority).pow(args.alpha))  # LAP
+                if num_updates % args.policy_frequency == 0:
+                    actor_loss = update_actor(batch, fixed_zs, actor, qf, fixed_encoder, actor_optimizer, args)
+                if num_updates % args.target_update_rate == 0:  # the cascade: each target takes what it follows
+                    actor_target.load_state_dict(actor.state_dict())
+                    qf_target.load_state_dict(qf.state_dict())
+                    fixed_encoder_target.load_state_dict(fixed_encoder.state_dict())  # the old fixed encoder
+                    fixed_encoder.load_state_dict(encoder.state_dict())
+                    rb.reset_max_priority()
+                    value_clip.copy_(value_range)
+                run.record(global_step, num_updates, qf_loss=qf_loss, actor_loss=actor_loss, encoder_loss=encoder_loss,
+                           qf1_values=qf_values[0], qf2_values=qf_values[1])
+
+            done = global_step >= args.total_timesteps
+            if crossed(global_step, args.eval_freq, args.num_envs) or done:
+                run.evaluate(global_step, lambda o: eval_actor(o, eval_encoder.zs(o)))
+            if crossed(global_step, args.checkpoint_freq, args.num_envs) or (done and args.checkpoint_freq) or run.stop:
+                run.save_checkpoint(state, (global_step, num_updates, allow_train), envs.envs,
+                                    (obs, episode_return, episode_length))
+        if args.save_model:
+            run.save_model(actor=eval_actor, encoder=eval_encoder, qf=qf)
+        if args.save_buffer:
+            run.save_buffer(rb, low, high)
+    finally:
+        envs.close()
+        run.close()
+    return run.result
+
+
+# ======================================================================================================================
+# Part 2: the run machinery. Nothing below changes what is computed: it checks the input, owns the run's directory
+# (args.json, TensorBoard, evaluations.csv, checkpoints, the model), evaluates, stops on non-finite numbers and
+# turns SIGINT/SIGTERM into a checkpoint.
+# ======================================================================================================================
+
+# Flags that may differ when resuming: they change how a run is watched, not what it computes.
+RESUMABLE_FLAGS = {"total_timesteps", "resume", "track", "wandb_project_name", "wandb_entity", "capture_video",
+                   "save_model", "eval_freq", "eval_episodes", "checkpoint_freq", "log_freq", "torch_threads", "cuda",
+                   "save_buffer"}
+# Flags of online training that --offline would ignore: it refuses them instead.
+OFFLINE_IGNORES = ["buffer_size", "learning_starts", "exploration_noise", "num_envs", "checkpoints",
+                   "max_eps_when_checkpointing", "steps_before_checkpointing", "reset_weight"]
+
+
+def fail(message):
+    """Stop with one line on stderr and exit status 1: the form of every user error."""
+    sys.exit(f"error: {message}")
+
+
+def first_line(error):
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+def check_args(args):
+    """Every numeric flag finite and in its range, before anything is written."""
+    positive = ["total_timesteps", "num_envs", "buffer_size", "batch_size", "eval_episodes", "log_freq",
+                "policy_frequency", "target_update_rate", "encoder_lr", "q_lr", "policy_lr", "zs_dim", "hidden_dim",
+                "max_eps_when_checkpointing", "min_priority", "reset_weight"]
+    non_negative = ["learning_starts", "eval_freq", "checkpoint_freq", "torch_threads", "policy_noise", "noise_clip",
+                    "exploration_noise", "alpha", "lmbda", "steps_before_checkpointing"]
+    unit_interval = ["gamma", "reset_weight"]
+    for name, value in asdict(args).items():
+        flag = f"--{name.replace('_', '-')}"
+        if isinstance(value, float) and not np.isfinite(value):
+            fail(f"{flag} must be a finite number, got {value}")
+        if name in positive and value <= 0 or name in non_negative and value < 0:
+            fail(f"{flag} must be {'positive' if name in positive else 'non-negative'}, got {value}")
+        if name in unit_interval and not 0 <= value <= 1:
+            fail(f"{flag} must lie in [0, 1], got {value}")
+    if args.batch_size > args.buffer_size:
+        fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
+    if args.offline != bool(args.dataset):
+        fail("--offline needs --dataset PATH" if args.offline else "--dataset is only read with --offline")
+    for name in OFFLINE_IGNORES if args.offline else []:
+        value = getattr(args, name)
+        if value != getattr(Args, name):
+            fail(f"--{'no-' if value is False else ''}{name.replace('_', '-')} has no effect with --offline: it trains "
+                 "on the whole dataset, one update per step, without policy checkpoints")
+    if args.num_envs > 1 and args.checkpoints and not args.offline:
+        fail("--num-envs above 1 needs --no-checkpoints: a checkpoint judges whole episodes of one policy")
+
+
+def check_env(env_id):
+    """Fail with one line unless env_id names an env this script can learn: vector observations, bounded actions."""
+    try:
+        env = gym.make(env_id)
+    except Exception as e:  # gymnasium raises many kinds: unknown id, missing extra, bad module path
+        fail(f"cannot make --env-id {env_id!r}: {first_line(e)}")
+    obs_space, act_space = env.observation_space, env.action_space
+    env.close()
+    if not isinstance(act_space, gym.spaces.Box):
+        fail(f"{env_id} has a {type(act_space).__name__} action space; TD7 needs a continuous (Box) one, "
+             "see sac_discrete.py")
+    if not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
+        fail(f"{env_id} has unbounded actions; TD7's tanh policy needs finite bounds")
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        fail(f"{env_id} has {obs_space} observations; this script needs a flat vector (Box of one dimension)")
+
+
+DATASET_KEYS = ("observations", "actions", "rewards", "next_observations", "terminals")
+
+
+def load_dataset(path, obs_dim, act_dim, low, high):
+    """The --dataset arrays (format in the module docstring), actions normalised to [-1, 1]; fails with one line."""
+    try:
+        with np.load(path) as data:
+            d = {key: np.asarray(data[key], dtype=np.float64) for key in DATASET_KEYS}
+    except Exception as e:
+        fail(f"cannot read --dataset {path}: {first_line(e)}")
+    n = len(d["observations"])
+    expected = {"observations": (n, obs_dim), "actions": (n, act_dim), "rewards": (n,),
+                "next_observations": (n, obs_dim), "terminals": (n,)}
+    for key, shape in expected.items():
+        if d[key].shape != shape:
+            fail(f"--dataset {path}: {key} has shape {d[key].shape}, the env needs {shape}")
+    d["actions"] = np.clip(2.0 * (d["actions"] - low) / (high - low) - 1.0, -1.0, 1.0)
+    return d
+
+
+def read_checkpoint(args):
+    """The --resume checkpoint (None without one), refused unless it was made with the same algorithm flags."""
+    if not args.resume:
+        return None
+    try:
+        checkpoint = torch.load(args.resume, map_location="cpu", weights_only=False)
+        saved_args, step = checkpoint["args"], checkpoint["global_step"]
+    except Exception as e:
+        fail(f"cannot read --resume file {args.resume}: {first_line(e)}")
+    for name, value in asdict(args).items():
+        if name not in RESUMABLE_FLAGS and saved_args.get(name) != value:
+            fail(f"--resume file {args.resume} was made with --{name.replace('_', '-')} {saved_args.get(name)}, "
+                 f"not {value}")
+    if args.total_timesteps <= step:
+        fail(f"--total-timesteps {args.total_timesteps} is not beyond the checkpoint's global_step {step}")
+    return checkpoint
+
+
+def choose_device(args):
+    """The training device (a warning line when --cuda finds no GPU); sets torch's CPU threads."""
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    if args.cuda and not torch.cuda.is_available():
+        print("warning: --cuda is set but no GPU is available; running on the CPU", file=sys.stderr)
+    return torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
+
+
+def crossed(step, freq, step_size):
+    """True when the last step_size steps, ending at step, crossed a multiple of freq (never when freq is 0)."""
+    return freq > 0 and step // freq != (step - step_size) // freq
+
+
+def env_state(env):
+    """What it takes to continue one env's episode bit for bit: its RNG, time-limit counter and physics."""
+    u = env.unwrapped
+    state = {"np_random": u.np_random.bit_generator.state, "elapsed_steps": env.get_wrapper_attr("_elapsed_steps")}
+    if hasattr(u, "model") and hasattr(u, "data"):  # MuJoCo: the full integration state, warm-start included
+        state["mujoco"] = np.empty(mujoco.mj_stateSize(u.model, mujoco.mjtState.mjSTATE_INTEGRATION))
+        mujoco.mj_getState(u.model, u.data, state["mujoco"], mujoco.mjtState.mjSTATE_INTEGRATION)
+    elif hasattr(u, "state"):  # classic control
+        state["state"] = np.array(u.state)
+    return state
+
+
+def set_env_state(env, state):
+    u = env.unwrapped
+    u.np_random.bit_generator.state = state["np_random"]
+    env.set_wrapper_attr("_elapsed_steps", state["elapsed_steps"])
+    if "mujoco" in state:
+        mujoco.mj_setState(u.model, u.data, state["mujoco"], mujoco.mjtState.mjSTATE_INTEGRATION)
+        mujoco.mj_forward(u.model, u.data)
+    else:
+        u.state = state["state"]
 
 
 def evaluate(policy, env_id, episodes, seed, device, video_folder=None, video_prefix="eval"):
@@ -487,272 +669,177 @@ def evaluate(policy, env_id, episodes, seed, device, video_folder=None, video_pr
     return returns
 
 
-DATASET_KEYS = ("observations", "actions", "rewards", "next_observations", "terminals")
+def drop_evaluations_after(path, global_step):
+    """On resume, forget evaluations made after the checkpoint: the resumed run makes them again."""
+    if os.path.exists(path):
+        with open(path, newline="") as f:
+            rows = list(csv.reader(f))
+        with open(path, "w", newline="") as f:
+            csv.writer(f).writerows(rows[:1] + [row for row in rows[1:] if int(row[0]) <= global_step])
 
 
-def load_dataset(path, obs_dim, act_dim, low, high):
-    """The --dataset arrays (format in the module docstring), actions normalised to [-1, 1]; fails with one line."""
-    try:
-        with np.load(path) as data:
-            d = {key: np.asarray(data[key], dtype=np.float64) for key in DATASET_KEYS}
-    except Exception as e:
-        fail(f"cannot read --dataset {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-    n = len(d["observations"])
-    expected = {"observations": (n, obs_dim), "actions": (n, act_dim), "rewards": (n,),
-                "next_observations": (n, obs_dim), "terminals": (n,)}
-    for key, shape in expected.items():
-        if d[key].shape != shape:
-            fail(f"--dataset {path}: {key} has shape {d[key].shape}, the env needs {shape}")
-    d["actions"] = np.clip(2.0 * (d["actions"] - low) / (high - low) - 1.0, -1.0, 1.0)
-    return d
+class Run:
+    """One run's directory and logs, its evaluations and checkpoints, SIGINT/SIGTERM and the non-finite guard."""
 
-
-def main(args):
-    check_args(args)
-    checkpoint = None
-    if args.resume:
-        try:
-            checkpoint = torch.load(args.resume, map_location="cpu", weights_only=False)
-            saved_args = checkpoint["args"]
-        except Exception as e:
-            fail(f"cannot read --resume file {args.resume}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-        for name, value in asdict(args).items():
-            if name not in RESUMABLE_FLAGS and saved_args.get(name) != value:
-                fail(f"--resume file {args.resume} was made with --{name.replace('_', '-')} {saved_args.get(name)}, "
-                     f"not {value}")
-    check_env(args.env_id)
-    if args.torch_threads:
-        torch.set_num_threads(args.torch_threads)
-    if args.capture_video and "DISPLAY" not in os.environ:
-        os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering
-
-    envs = gym.vector.SyncVectorEnv([make_env(args.env_id) for _ in range(args.num_envs)],
-                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
-    low, high = envs.single_action_space.low, envs.single_action_space.high
-    dataset = load_dataset(args.dataset, obs_dim, act_dim, low, high) if args.offline else None
-    if args.cuda and not torch.cuda.is_available():
-        print("warning: --cuda is set but no GPU is available; running on the CPU", file=sys.stderr)
-    device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
-
-    if checkpoint:
-        run_name = checkpoint["run_name"]
-        run_dir = os.path.dirname(os.path.abspath(args.resume))
-    else:
-        run_name = f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        run_dir = os.path.abspath(os.path.join("runs", run_name))
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "args.json"), "w") as f:
-        json.dump(asdict(args), f, indent=2)
-    if args.track:
-        import wandb
-
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=asdict(args),
-                   name=run_name, id=run_name[-64:].replace(".", "-"), resume="allow", save_code=True, dir=run_dir)
-    writer = SummaryWriter(run_dir, purge_step=checkpoint["global_step"] if checkpoint else None)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
-
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    rng = np.random.default_rng(args.seed)  # the random actions before learning starts
-
-    agent = TD7(obs_dim, act_dim, args, device)
-    rb = LAPReplayBuffer(len(dataset["observations"]) if args.offline else args.buffer_size, obs_dim, act_dim, device)
-    if args.offline and not checkpoint:
-        rb.add(dataset["observations"], dataset["actions"], dataset["rewards"], dataset["terminals"],
-               dataset["next_observations"])
-    policy = CheckpointPolicy()
-    use_checkpoints = args.checkpoints and not args.offline
-
-    obs, _ = envs.reset(seed=args.seed)
-    global_step, allow_train, wall_time = 0, args.offline, 0.0
-    episode_return, episode_length = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
-    if checkpoint:
-        agent.load_state_dict(checkpoint["agent"])
-        for name, optimizer in agent.optimizers.items():
-            optimizer.load_state_dict(checkpoint["optimizers"][name])
-        agent.training_steps = checkpoint["training_steps"]
-        rb.load_state_dict(checkpoint["rb"])
-        policy = CheckpointPolicy(**checkpoint["policy"])
-        if all("mujoco" in state or "state" in state for state in checkpoint["envs"]):
-            for env, state in zip(envs.envs, checkpoint["envs"]):
-                set_env_state(env, state)
-            obs, episode_return, episode_length = checkpoint["obs"], checkpoint["episode_return"], checkpoint["episode_length"]
+    def __init__(self, args, checkpoint, device):
+        self.args, self.device, self.start_time, self.wall_time = args, device, time.time(), 0.0
+        if checkpoint:
+            self.name, self.dir = checkpoint["run_name"], os.path.dirname(os.path.abspath(args.resume))
+            drop_evaluations_after(os.path.join(self.dir, "evaluations.csv"), checkpoint["global_step"])
         else:
-            print(f"warning: cannot restore the state of {args.env_id}; the resumed run starts new episodes",
-                  file=sys.stderr)
-        global_step, allow_train, wall_time = checkpoint["global_step"], checkpoint["allow_train"], checkpoint["wall_time"]
-        random.setstate(checkpoint["rng"]["python"])
-        np.random.set_state(checkpoint["rng"]["numpy"])
-        rng.bit_generator.state = checkpoint["rng"]["actions"]
-        torch.set_rng_state(checkpoint["rng"]["torch"])
-        if device.type == "cuda" and checkpoint["rng"]["cuda"] is not None:
-            torch.cuda.set_rng_state(checkpoint["rng"]["cuda"])
-        drop_evaluations_after(os.path.join(run_dir, "evaluations.csv"), global_step)
-        print(f"resumed {run_dir} at global_step {global_step}")
+            env_name = args.env_id.replace("/", "-").replace(":", "-")
+            self.name = f"{env_name}__{args.exp_name}__{args.seed}__{int(time.time())}"
+            self.dir = os.path.abspath(os.path.join("runs", self.name))
+        os.makedirs(self.dir, exist_ok=True)
+        self.checkpoint_path = os.path.join(self.dir, "checkpoint.pt")
+        with open(os.path.join(self.dir, "args.json"), "w") as f:
+            json.dump(asdict(args), f, indent=2)
+        if args.track:
+            import wandb
 
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                       config=asdict(args), name=self.name, id=self.name[-64:].replace(".", "-"), resume="allow",
+                       save_code=True, dir=self.dir)
+        if args.capture_video and "DISPLAY" not in os.environ:
+            os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering
+        self.writer = SummaryWriter(self.dir, purge_step=checkpoint["global_step"] if checkpoint else None)
+        self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
+            f"|{k}|{v}|" for k, v in asdict(args).items()))
+        # Each update's metrics stay on the device until the next log, so that a non-finite one can be named with
+        # its update and step without waiting for the device after every update.
+        self.names, self.history, self.updates, self.sps_start = None, [], [], None
+        self.stop = []  # the signal that asks the run to stop, once one arrives
+        self.handlers = {s: signal.signal(s, lambda signum, frame: self.stop.append(signum))
+                         for s in (signal.SIGINT, signal.SIGTERM)}
+        print(f"run {self.dir}: {args.env_id}, {args.total_timesteps} steps on {device}", flush=True)
 
-    def save_checkpoint():
-        state = {"agent": agent.state_dict(), "optimizers": {k: o.state_dict() for k, o in agent.optimizers.items()},
-                 "training_steps": agent.training_steps, "rb": rb.state_dict(), "policy": asdict(policy)}
-        state.update(args=asdict(args), run_name=run_name, global_step=global_step, allow_train=allow_train,
-                     wall_time=wall_time + time.time() - start_time, obs=obs, episode_return=episode_return,
-                     episode_length=episode_length, envs=[env_state(env) for env in envs.envs],
-                     rng={"python": random.getstate(), "numpy": np.random.get_state(), "actions": rng.bit_generator.state,
-                          "torch": torch.get_rng_state(),
-                          "cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None})
-        torch.save(state, checkpoint_path + ".tmp")
-        os.replace(checkpoint_path + ".tmp", checkpoint_path)  # a kill while writing leaves the old checkpoint whole
+    def sps(self, global_step):
+        """Env steps per second since the first update."""
+        start_step, start_time = self.sps_start or (global_step, time.time())
+        return (global_step - start_step) / max(time.time() - start_time, 1e-9)
 
-    def eval_networks():
-        """Evaluation and the saved model use the checkpoint policy when there is one."""
-        if use_checkpoints:
-            return agent.checkpoint_actor, agent.checkpoint_encoder
-        return agent.actor, agent.fixed_encoder
+    def log_episode(self, global_step, episode_return, episode_length):
+        self.writer.add_scalar("charts/episodic_return", episode_return, global_step)
+        self.writer.add_scalar("charts/episodic_length", episode_length, global_step)
 
-    def run_evaluation():
-        stop_if_nonfinite()
-        actor, encoder = eval_networks()
-        video_folder = os.path.join("videos", run_name) if args.capture_video else None
-        returns = evaluate(lambda o: actor(o, encoder.zs(o)), args.env_id, args.eval_episodes, args.seed + 100_000,
-                           device, video_folder, video_prefix=f"step-{global_step}")
-        mean, std = float(np.mean(returns)), float(np.std(returns))
-        writer.add_scalar("eval/episodic_return", mean, global_step)
-        path = os.path.join(run_dir, "evaluations.csv")
-        new_file = not os.path.exists(path)
-        with open(path, "a", newline="") as f:
-            out = csv.writer(f)
-            if new_file:
-                out.writerow(["global_step", "wall_time_s", "mean_return", "std_return", "returns"])
-            out.writerow([global_step, round(wall_time + time.time() - start_time, 1), mean, std,
-                          " ".join(f"{r:.2f}" for r in returns)])
-        return mean, std
+    def record(self, global_step, update, **metrics):
+        """Keep one update's metrics (scalar tensors, on the device); check and log them every --log-freq updates."""
+        self.sps_start = self.sps_start or (global_step, time.time())
+        self.names = list(metrics)
+        self.history.append(torch.stack(list(metrics.values())))
+        self.updates.append((update, global_step))
+        if len(self.history) == self.args.log_freq:
+            self.flush(global_step)
 
-    def crossed(freq, step_size=args.num_envs):
-        return freq > 0 and global_step // freq != (global_step - step_size) // freq
-
-    # Each training step's losses stay on the device until the next log, so that a non-finite one can be
-    # reported with its step without waiting for the device after every training step.
-    loss_history, n_history = torch.zeros(args.log_freq, 4, device=device), 0
-
-    def stop_if_nonfinite(cause=None):
-        """Fail naming the first non-finite loss since the last log."""
-        bad = (~torch.isfinite(loss_history[:n_history, :3])).nonzero().tolist()
+    def flush(self, global_step, cause=None):
+        """Stop on the first non-finite metric since the last log, or else on `cause`; log the metrics' means."""
+        values = torch.stack(self.history) if self.history else None
+        bad = [] if values is None else (~torch.isfinite(values)).nonzero().tolist()
         if bad:
-            i, which = bad[0]
-            step = agent.training_steps - (n_history - 1 - i)
-            cause = f"{('critic', 'actor', 'encoder')[which]} loss at training step {step}, global_step {global_step}"
+            (update, step), name = self.updates[bad[0][0]], self.names[bad[0][1]]
+            cause = f"{name} in update {update}, at global_step {step}"
         if cause:
             fail(f"non-finite {cause}; stopping. Last checkpoint: "
-                 f"{checkpoint_path if os.path.exists(checkpoint_path) else 'none'}")
+                 f"{self.checkpoint_path if os.path.exists(self.checkpoint_path) else 'none'}")
+        if values is not None:
+            for name, value in zip(self.names, values.mean(0).tolist()):
+                self.writer.add_scalar(f"losses/{name}", value, global_step)
+            self.writer.add_scalar("charts/SPS", int(self.sps(global_step)), global_step)
+        self.history, self.updates = [], []
 
-    def train(steps):
-        nonlocal n_history, sps_start
-        if sps_start is None:
-            sps_start = (global_step, time.time())
-        for _ in range(steps):
-            if use_checkpoints:
-                policy.before_training_step(agent.training_steps, args)
-            loss_history[n_history] = agent.train_step(rb)
-            n_history += 1
-            if n_history == args.log_freq:
-                stop_if_nonfinite()
-                for name, value in zip(("critic_loss", "actor_loss", "encoder_loss", "q_values"), loss_history.mean(0)):
-                    writer.add_scalar(f"losses/{name}", value.item(), global_step)
-                writer.add_scalar("losses/value_clip_max", agent.value_clip[1].item(), global_step)
-                writer.add_scalar("charts/training_steps", agent.training_steps, global_step)
-                sps = (global_step - sps_start[0]) / max(time.time() - sps_start[1], 1e-9)
-                writer.add_scalar("charts/SPS", int(sps), global_step)
-                n_history = 0
+    def evaluate(self, global_step, policy):
+        """Evaluate `policy` into evaluations.csv and TensorBoard, and print a progress line."""
+        self.flush(global_step)
+        video_folder = os.path.join("videos", self.name) if self.args.capture_video else None
+        returns = evaluate(policy, self.args.env_id, self.args.eval_episodes, self.args.seed + 100_000, self.device,
+                           video_folder, video_prefix=f"step-{global_step}")
+        mean, std = float(np.mean(returns)), float(np.std(returns))
+        self.writer.add_scalar("eval/episodic_return", mean, global_step)
+        path = os.path.join(self.dir, "evaluations.csv")
+        new_file = not os.path.exists(path)
+        with open(path, "a", newline="") as f:
+            if new_file:
+                csv.writer(f).writerow(["global_step", "wall_time_s", "mean_return", "std_return", "returns"])
+            csv.writer(f).writerow([global_step, round(self.elapsed(), 1), mean, std,
+                                    " ".join(f"{r:.2f}" for r in returns)])
+        self.result = {"run_dir": self.dir, "global_step": global_step, "eval_mean": mean, "eval_std": std}
+        sps = self.sps(global_step) if self.sps_start else 0.0
+        eta = f"{(self.args.total_timesteps - global_step) / sps / 60:.1f} min" if sps else "-"
+        print(f"step {global_step}/{self.args.total_timesteps} | eval return {mean:.1f} +- {std:.1f} | SPS {sps:.0f} "
+              f"| ETA {eta}", flush=True)
 
-    stop_signal = []
-    previous_handlers = {s: signal.signal(s, lambda signum, frame: stop_signal.append(signum))
-                         for s in (signal.SIGINT, signal.SIGTERM)}
-    start_time, sps_start, last_eval = time.time(), None, None
-    print(f"run {run_dir}: {args.env_id}, {args.total_timesteps} steps on {device}")
-    try:
-        while global_step < args.total_timesteps:
-            if args.offline:
-                global_step += 1
-                train(1)
+    def elapsed(self):
+        return self.wall_time + time.time() - self.start_time
+
+    def save_checkpoint(self, state, counters, envs, episodes):
+        """Write everything needed to continue: `state`, the loop's counters (global_step first), the envs and their
+        episodes, every RNG. After a SIGINT/SIGTERM, exit once it is written."""
+        self.flush(counters[0])
+        checkpoint = {"args": asdict(self.args), "run_name": self.name, "global_step": counters[0],
+                      "wall_time": self.elapsed(), "counters": counters,
+                      "state": {name: value.bit_generator.state if isinstance(value, np.random.Generator)
+                                else value.cpu() if isinstance(value, torch.Tensor)
+                                else asdict(value) if isinstance(value, CheckpointPolicy)
+                                else value.state_dict() for name, value in state.items()},
+                      "envs": [env_state(env) for env in envs], "episodes": episodes,
+                      "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
+                              "torch": torch.get_rng_state(),
+                              "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
+        torch.save(checkpoint, self.checkpoint_path + ".tmp")
+        os.replace(self.checkpoint_path + ".tmp", self.checkpoint_path)  # a kill while writing leaves the old one whole
+        if self.stop:
+            print(f"{signal.Signals(self.stop[0]).name} at global_step {counters[0]}: checkpoint written to "
+                  f"{self.checkpoint_path}; continue with --resume {self.checkpoint_path}", file=sys.stderr)
+            sys.exit(128 + self.stop[0])
+
+    def restore(self, checkpoint, state, envs):
+        """Load a checkpoint into `state`, the envs and the RNGs; returns the loop's counters and the envs' episodes
+        (None when the envs' state cannot be restored: the run then starts new episodes)."""
+        for name, value in state.items():
+            if isinstance(value, np.random.Generator):
+                value.bit_generator.state = checkpoint["state"][name]
+            elif isinstance(value, torch.Tensor):
+                value.copy_(checkpoint["state"][name])
+            elif isinstance(value, CheckpointPolicy):
+                value.__dict__.update(checkpoint["state"][name])
             else:
-                if not allow_train:
-                    action = rng.uniform(-1.0, 1.0, (args.num_envs, act_dim))
-                else:
-                    with torch.no_grad():
-                        o = torch.as_tensor(obs, dtype=torch.float32, device=device)
-                        action = agent.actor(o, agent.fixed_encoder.zs(o))
-                        action = (action + torch.randn_like(action) * args.exploration_noise).clamp(-1.0, 1.0)
-                        action = action.cpu().numpy()
-                    if not np.isfinite(action).all():  # the action is on the host anyway: a free check every step
-                        stop_if_nonfinite(f"action at global_step {global_step}")
-                next_obs, reward, terminated, truncated, infos = envs.step(to_env(action, low, high))
-                global_step += args.num_envs
+                value.load_state_dict(checkpoint["state"][name])
+        episodes = checkpoint["episodes"]
+        if all("mujoco" in saved or "state" in saved for saved in checkpoint["envs"]):
+            for env, saved in zip(envs, checkpoint["envs"]):
+                set_env_state(env, saved)
+        else:
+            print(f"warning: cannot restore the state of {self.args.env_id}; the resumed run starts new episodes",
+                  file=sys.stderr)
+            episodes = None
+        random.setstate(checkpoint["rng"]["python"])
+        np.random.set_state(checkpoint["rng"]["numpy"])
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+        if torch.cuda.is_available() and checkpoint["rng"]["cuda"] is not None:
+            torch.cuda.set_rng_state_all(checkpoint["rng"]["cuda"])
+        self.wall_time = checkpoint["wall_time"]
+        print(f"resumed {self.dir} at global_step {checkpoint['global_step']}", flush=True)
+        return checkpoint["counters"], episodes
 
-                # Same-step autoreset: next_obs of a finished env is already the next episode's first
-                # observation; the transition must store the true final one.
-                real_next_obs = next_obs.copy()
-                if "_final_obs" in infos:
-                    for i in np.flatnonzero(infos["_final_obs"]):
-                        real_next_obs[i] = infos["final_obs"][i]
-                rb.add(obs, action, reward, terminated, real_next_obs)
-                obs = next_obs
-                if allow_train and not use_checkpoints:
-                    train(args.num_envs)
+    def save_buffer(self, rb, low, high):
+        """Write the replay buffer to buffer.npz in the --dataset format, actions in the env's units."""
+        obs, action, reward, terminated, next_obs = (x.cpu().numpy() for x in rb.data[: len(rb)].split(rb.split, 1))
+        np.savez(os.path.join(self.dir, "buffer.npz"), observations=obs, actions=to_env(action, low, high),
+                 rewards=reward[:, 0], next_observations=next_obs, terminals=terminated[:, 0])
 
-                episode_return += reward
-                episode_length += 1
-                for i in np.flatnonzero(terminated | truncated):
-                    writer.add_scalar("charts/episodic_return", episode_return[i], global_step)
-                    writer.add_scalar("charts/episodic_length", episode_length[i], global_step)
-                    if allow_train and use_checkpoints:
-                        take_checkpoint, steps = policy.episode_end(int(episode_length[i]), float(episode_return[i]))
-                        if take_checkpoint:
-                            agent.checkpoint_actor.load_state_dict(agent.actor.state_dict())
-                            agent.checkpoint_encoder.load_state_dict(agent.fixed_encoder.state_dict())
-                        train(steps)
-                    allow_train = allow_train or global_step > args.learning_starts
-                    episode_return[i], episode_length[i] = 0.0, 0
+    def save_model(self, **networks):
+        """Write the final networks, on the CPU, to model.pt."""
+        torch.save({**{name: {k: v.cpu() for k, v in net.state_dict().items()} for name, net in networks.items()},
+                    "args": asdict(self.args)}, os.path.join(self.dir, "model.pt"))
 
-            if crossed(args.eval_freq, 1 if args.offline else args.num_envs):
-                last_eval = (global_step, *run_evaluation())
-                sps = (global_step - sps_start[0]) / max(time.time() - sps_start[1], 1e-9) if sps_start else 0.0
-                eta = f"{(args.total_timesteps - global_step) / sps / 60:.1f} min" if sps else "-"
-                print(f"step {global_step}/{args.total_timesteps} | eval return {last_eval[1]:.1f} +- {last_eval[2]:.1f}"
-                      f" | SPS {sps:.0f} | ETA {eta}", flush=True)
-            if crossed(args.checkpoint_freq, 1 if args.offline else args.num_envs):
-                save_checkpoint()
-            if stop_signal:
-                save_checkpoint()
-                name = signal.Signals(stop_signal[0]).name
-                print(f"{name} at global_step {global_step}: checkpoint written to {checkpoint_path}; "
-                      f"continue with --resume {checkpoint_path}", file=sys.stderr)
-                sys.exit(128 + stop_signal[0])
-
-        if last_eval is None or last_eval[0] != global_step:
-            last_eval = (global_step, *run_evaluation())
-        if args.checkpoint_freq:
-            save_checkpoint()
-        if args.save_model:
-            actor, encoder = eval_networks()
-            torch.save({"actor": actor.state_dict(), "encoder": encoder.state_dict(), "critic": agent.critic.state_dict(),
-                        "args": asdict(args)}, os.path.join(run_dir, "model.pt"))
-        if args.save_buffer:
-            obs_, action_, reward_, terminated_, next_obs_ = (x.cpu().numpy() for x in rb.data[: len(rb)].split(rb.split, 1))
-            np.savez(os.path.join(run_dir, "buffer.npz"), observations=obs_, actions=to_env(action_, low, high),
-                     rewards=reward_[:, 0], next_observations=next_obs_, terminals=terminated_[:, 0])
-        print(f"done: {global_step} steps, final eval return {last_eval[1]:.1f} +- {last_eval[2]:.1f}")
-    finally:
-        for s, handler in previous_handlers.items():
+    def close(self):
+        for s, handler in self.handlers.items():
             signal.signal(s, handler)
-        envs.close()
-        writer.close()
-        if args.track:
+        self.writer.close()
+        if self.args.track:
+            import wandb
+
             wandb.finish()
-    return {"run_dir": run_dir, "global_step": global_step, "eval_mean": last_eval[1], "eval_std": last_eval[2]}
 
 
 if __name__ == "__main__":

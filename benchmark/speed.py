@@ -39,8 +39,9 @@ def child(script, device, updates, threads):
     spec.loader.exec_module(module)
     flags = ["--env-id", WORKLOAD_ENV[script], "--batch-size", "256", "--learning-starts", "1000",
              "--total-timesteps", str(1000 + updates), "--eval-freq", "0", "--eval-episodes", "1",
-             "--checkpoint-freq", "0", "--log-freq", "500", "--torch-threads", str(threads),
+             "--checkpoint-freq", "0", "--torch-threads", str(threads),
              "--cuda" if device == "cuda" else "--no-cuda"]
+    flags += [] if script == "erl_td3.py" else ["--log-freq", "500"]  # ERL logs once per generation
     summary = module.main(tyro.cli(module.Args, args=flags))
     events = EventAccumulator(summary["run_dir"], size_guidance={"scalars": 0})
     events.Reload()

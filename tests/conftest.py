@@ -12,8 +12,7 @@ import tyro
 REPO = Path(__file__).resolve().parent.parent
 # A few hundred steps with updates, checkpoints and one short evaluation: every code path, in seconds.
 TINY = ["--total-timesteps", "400", "--learning-starts", "200", "--batch-size", "32", "--buffer-size", "1000",
-        "--eval-freq", "200", "--eval-episodes", "2", "--checkpoint-freq", "200", "--log-freq", "50", "--no-cuda",
-        "--torch-threads", "1"]
+        "--eval-freq", "200", "--eval-episodes", "2", "--checkpoint-freq", "200", "--no-cuda", "--torch-threads", "1"]
 CONTINUOUS_SCRIPTS = ["td3_continuous", "td7_continuous", "sac_continuous", "erl_td3"]
 # Each script with its default env; the common tests run over all of them.
 DEFAULT_ENV = {**{script: "Hopper-v4" for script in CONTINUOUS_SCRIPTS}, "sac_discrete": "CartPole-v1"}

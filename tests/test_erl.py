@@ -115,8 +115,9 @@ def test_shared_critic_smoke(tmp_path, monkeypatch):
                        num_elites=1, num_rl_agents=2, eval_freq=0) + ["--shared-critic"]
     run = run_main("erl_td3", flags, tmp_path, monkeypatch)
     checkpoint = load_checkpoint(run["run_dir"])
-    assert {"qf_0", "actor_0", "actor_1"} <= checkpoint.keys() and "qf_1" not in checkpoint
-    assert sum(checkpoint["population"]["fates"].values()) == 2 * (checkpoint["generation"] - 1)
+    assert {"qf_0", "actor_0", "actor_1"} <= checkpoint["state"].keys() and "qf_1" not in checkpoint["state"]
+    global_step, num_updates, generation, fitness, injected, fates = checkpoint["counters"]
+    assert sum(fates.values()) == 2 * (generation - 1)
     assert np.isfinite(run["eval_mean"]) and np.isfinite(run["learner_eval_mean"])
 
 

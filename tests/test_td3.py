@@ -8,7 +8,7 @@ import td3_continuous as td3
 def test_target_bootstraps_through_truncation_not_termination():
     reward, next_q = torch.tensor([[1.0], [1.0]]), torch.tensor([[10.0], [10.0]])
     terminated = torch.tensor([[1.0], [0.0]])  # row 0 terminated; row 1 truncated (stored as not terminated)
-    target = td3.td3_target(reward, terminated, next_q, gamma=0.99)
+    target = td3.td_target(reward, terminated, next_q, gamma=0.99)
     assert torch.allclose(target, torch.tensor([[1.0], [1.0 + 0.99 * 10.0]]))
 
 
@@ -40,14 +40,14 @@ def test_action_scaling_with_asymmetric_bounds():
     assert np.allclose(td3.to_env(np.array([0.5, -0.5]), low, high), [0.75, -0.5])
 
 
-def test_critic_heads_are_independent_networks_and_q1_fixed_gives_no_critic_grads():
+def test_critic_heads_are_independent_networks_and_fixed_q1_gives_no_critic_grads():
     torch.manual_seed(0)
     qf, actor = td3.Critic(3, 2), td3.Actor(3, 2)
     obs = torch.randn(8, 3)
     q = qf(obs, actor(obs))
     assert q.shape == (2, 8, 1) and not torch.allclose(q[0], q[1])
-    assert torch.allclose(qf.q1_fixed(obs, actor(obs)), q[0])
-    (-qf.q1_fixed(obs, actor(obs)).mean()).backward()
+    assert torch.allclose(qf.fixed(obs, actor(obs), num_q=1)[0], q[0])
+    (-qf.fixed(obs, actor(obs), num_q=1)[0].mean()).backward()
     assert all(p.grad is None for p in qf.parameters())
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in actor.parameters())
 

@@ -3,15 +3,8 @@ policy and offline mode."""
 import numpy as np
 import pytest
 import torch
-import tyro
-
 import td7_continuous as td7
-from tests.conftest import TINY, flags_with, load_checkpoint, run_cli
-
-
-def make_agent(**overrides):
-    args = tyro.cli(td7.Args, args=flags_with([], **overrides))
-    return td7.TD7(obs_dim=3, act_dim=2, args=args, device=torch.device("cpu")), args
+from tests.conftest import TINY, flags_with, load_checkpoint, run_cli, run_main
 
 
 def filled_buffer(n=64, capacity=128):
@@ -63,39 +56,47 @@ def test_priority_update_max_priority_and_reset():
     assert rb.max_priority.item() == 2.0  # the max currently stored, not the all-time max
 
 
-def test_cascade_gives_fixed_target_encoder_the_old_fixed_encoder():
-    agent, _ = make_agent(target_update_rate=3, batch_size=16)
-    rb = filled_buffer()
-    for _ in range(3):
-        agent.train_step(rb)  # step 3 copies: the fixed encoder becomes the trained encoder
-    old_fixed = {k: v.clone() for k, v in agent.fixed_encoder.state_dict().items()}
-    for _ in range(3):
-        agent.train_step(rb)  # step 6: the fixed target encoder takes that old fixed encoder
-    for key, value in agent.fixed_encoder_target.state_dict().items():
-        assert torch.equal(value, old_fixed[key]), key
-    for key, value in agent.fixed_encoder.state_dict().items():
-        assert torch.equal(value, agent.encoder.state_dict()[key]), key
-        assert not torch.equal(value, old_fixed[key]), key  # the encoder trained in between
-    assert all(torch.equal(v, agent.actor.state_dict()[k]) for k, v in agent.actor_target.state_dict().items())
+def td7_run(tmp_path, monkeypatch, total_timesteps, **overrides):
+    """The final checkpoint's state and counters of a TD7 run on the counter env (one update per env step once an
+    episode has ended after --learning-starts), with a target cascade every 3 updates."""
+    flags = flags_with(TINY, env_id="tests.toy_envs:Counter-v0", total_timesteps=total_timesteps, learning_starts=20,
+                       batch_size=16, eval_freq=0, checkpoint_freq=total_timesteps, **{"target_update_rate": 3, **overrides})
+    run = run_main("td7_continuous", flags + ["--no-checkpoints"], tmp_path / str(total_timesteps), monkeypatch)
+    checkpoint = load_checkpoint(run["run_dir"])
+    global_step, num_updates, allow_train = checkpoint["counters"]
+    return checkpoint["state"], num_updates
 
 
-def test_value_clip_starts_at_zero_then_takes_the_range_of_targets():
-    agent, _ = make_agent(target_update_rate=4, batch_size=16)
-    rb = filled_buffer()
-    rewards = rb.data[:64, 5]
-    agent.train_step(rb)
-    assert agent.value_clip.tolist() == [0.0, 0.0]
-    # Before the first copy every target is clipped to reward + gamma * 0 = reward.
-    assert agent.value_range[0].item() >= rewards.min().item() and agent.value_range[1].item() <= rewards.max().item()
-    for _ in range(3):
-        agent.train_step(rb)
-    assert torch.equal(agent.value_clip, agent.value_range)  # copied at step 4
-    low, high = agent.value_clip.tolist()
-    assert low < high
+def test_cascade_gives_fixed_target_encoder_the_old_fixed_encoder(tmp_path, monkeypatch):
+    """Two runs of the same seed, ending right after a cascade and right after the next one: at the later one the
+    fixed target encoder holds what the fixed encoder held at the earlier one, the fixed encoder the encoder, the
+    targets their networks, and the value clip the range of the targets seen so far."""
+    _, probe_updates = td7_run(tmp_path, monkeypatch, 60)
+    steps = 60 - probe_updates % 3  # one update per env step: this run ends on a cascade
+    earlier, earlier_updates = td7_run(tmp_path, monkeypatch, steps)
+    later, later_updates = td7_run(tmp_path, monkeypatch, steps + 3)
+    assert earlier_updates % 3 == 0 and later_updates == earlier_updates + 3 > 3
+    for key, value in later["fixed_encoder_target"].items():
+        assert torch.equal(value, earlier["fixed_encoder"][key]), key
+    for key, value in later["fixed_encoder"].items():
+        assert torch.equal(value, later["encoder"][key]), key
+        assert not torch.equal(value, earlier["fixed_encoder"][key]), key  # the encoder trained in between
+    for target, network in [("actor_target", "actor"), ("qf_target", "qf")]:
+        assert all(torch.equal(v, later[network][k]) for k, v in later[target].items()), target
+    assert torch.equal(later["value_clip"], later["value_range"])
+
+
+def test_value_clip_is_zero_until_the_first_cascade(tmp_path, monkeypatch):
+    """Before the first cascade every target is clipped to reward + gamma * 0: the range of the targets seen is the
+    range of the rewards sampled (the counter env's reward is 1 at every step)."""
+    state, num_updates = td7_run(tmp_path, monkeypatch, 24, target_update_rate=1000)
+    assert 0 < num_updates < 1000
+    assert state["value_clip"].tolist() == [0.0, 0.0]
+    assert state["value_range"].tolist() == [1.0, 1.0]
 
 
 def test_checkpoint_policy_state_machine():
-    _, args = make_agent(steps_before_checkpointing=1000, max_eps_when_checkpointing=3, reset_weight=0.9)
+    args = td7.Args(steps_before_checkpointing=1000, max_eps_when_checkpointing=3, reset_weight=0.9)
     policy = td7.CheckpointPolicy()
     # One episode judges a policy at first: the first one always becomes the checkpoint.
     assert policy.episode_end(length=100, episode_return=50.0) == (True, 100)
@@ -103,9 +104,9 @@ def test_checkpoint_policy_state_machine():
     assert policy.episode_end(length=80, episode_return=40.0) == (False, 80)  # worse: no checkpoint, train
     assert policy.episode_end(length=90, episode_return=60.0) == (True, 90)
     # The switch at steps_before_checkpointing: 3 episodes, and the bar lowered to 0.9 * 60.
-    policy.before_training_step(999, args)
+    policy.before_update(999, args)
     assert policy.max_eps_before_update == 1
-    policy.before_training_step(1000, args)
+    policy.before_update(1000, args)
     assert policy.max_eps_before_update == 3 and policy.best_min_return == pytest.approx(54.0)
     assert policy.episode_end(length=10, episode_return=70.0) == (False, 0)  # still judging
     assert policy.episode_end(length=20, episode_return=55.0) == (False, 0)
@@ -126,12 +127,22 @@ def test_offline_mode_trains_on_a_saved_buffer(tmp_path):
     assert np.abs(data["actions"]).max() <= 1.0  # Hopper's bounds are [-1, 1]
     offline_dir = tmp_path / "offline"
     offline_dir.mkdir()
-    flags = flags_with(TINY, total_timesteps=300, eval_freq=150, checkpoint_freq=150, dataset=run_dir / "buffer.npz")
-    result = run_cli("td7_continuous", flags + ["--offline"], offline_dir)
+    flags = ["--offline", "--dataset", str(run_dir / "buffer.npz"), "--total-timesteps", "300", "--batch-size", "32",
+             "--eval-freq", "150", "--eval-episodes", "2", "--checkpoint-freq", "150", "--no-cuda", "--torch-threads", "1"]
+    result = run_cli("td7_continuous", flags, offline_dir)
     assert result.returncode == 0, result.stderr
     (offline_run,) = (offline_dir / "runs").iterdir()
-    state = load_checkpoint(offline_run)
-    assert state["training_steps"] == 300 and len(state["rb"]["data"]) == 400
+    checkpoint = load_checkpoint(offline_run)
+    assert checkpoint["counters"][1] == 300  # updates
+    assert len(checkpoint["state"]["rb"]["data"]) == 400
     bad = run_cli("td7_continuous", ["--offline", "--dataset", str(offline_run / "args.json")], offline_dir)
     assert bad.returncode == 1 and bad.stderr.strip().startswith("error: cannot read --dataset")
+
+
+@pytest.mark.parametrize("flag", [["--learning-starts", "10"], ["--no-checkpoints"], ["--num-envs", "2"]])
+def test_offline_refuses_the_flags_it_would_ignore(flag, tmp_path):
+    result = run_cli("td7_continuous", ["--offline", "--dataset", "data.npz", *flag], tmp_path, timeout=60)
+    assert result.returncode == 1 and not (tmp_path / "runs").exists()
+    assert result.stderr.strip() == f"error: {flag[0]} has no effect with --offline: it trains on the whole " \
+                                    "dataset, one update per step, without policy checkpoints"
 
