@@ -2,12 +2,13 @@
 
     python benchmark/sweep.py td3_continuous.py --envs Hopper-v4 Walker2d-v4 --seeds 1 2 3 --workers 2 \
         -- --total-timesteps 300000
-    python benchmark/sweep.py td3_continuous.py --envs mujoco --seeds 1 2 3 --slurm --time 24:00:00 \
-        --cpus-per-task 2 --gpus 1 -- --total-timesteps 1000000
+    python benchmark/sweep.py td3_continuous.py --slurm --time 24:00:00 --cpus-per-task 2 --gpus 1 \
+        -- --total-timesteps 1000000
 
---envs takes env ids or the names of sets (mujoco, classic, atari). Each run gets --env-id, --seed and
---torch-threads (the CPUs this process may use, shared among the workers; OMP and MKL threads likewise), plus
-the flags after `--`. A run is skipped when runs/ already holds its finished result (an evaluations.csv whose
+--envs takes env ids or the names of sets (mujoco, classic, atari); without it, a script runs on its own set
+(classic for sac_discrete.py, mujoco for the others), with seeds 1 2 3 unless --seeds says otherwise. Each run
+gets --env-id, --seed and --torch-threads (the CPUs this process may use, shared among the workers; OMP and MKL
+threads likewise), plus the flags after `--`. A run is skipped when runs/ already holds its finished result (an evaluations.csv whose
 last row reached the run's total_timesteps), and an unfinished run that left a checkpoint.pt is resumed from it,
 so a sweep can simply be started again after an interruption or a pre-emption. Logs go to
 benchmark/logs/{exp_name}__{env}__{seed}.log.
@@ -146,8 +147,9 @@ def run_slurm(args, flags, runs):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("script", help="e.g. td3_continuous.py")
-    parser.add_argument("--envs", nargs="+", required=True, help=f"env ids, or sets: {', '.join(ENV_SETS)}")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    parser.add_argument("--envs", nargs="+", help=f"env ids, or sets: {', '.join(ENV_SETS)} (default: classic for "
+                        "sac_discrete.py, mujoco for the others)")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="default: 1 2 3")
     parser.add_argument("--workers", type=int, default=1, help="local runs at a time")
     parser.add_argument("--logs", default="benchmark/logs")
     slurm = parser.add_argument_group("Slurm (with --slurm)")
@@ -169,7 +171,8 @@ def main(argv=None):
         parser.error(f"no script {args.script} in {REPO}")
     if args.workers < 1:
         parser.error("--workers must be positive")
-    envs = [env for name in args.envs for env in ENV_SETS.get(name, [name])]
+    names = args.envs or (["classic"] if Path(args.script).stem == "sac_discrete" else ["mujoco"])
+    envs = [env for name in names for env in ENV_SETS.get(name, [name])]
     runs = [(env_id, seed) for env_id in envs for seed in args.seeds]
     Path(args.logs).mkdir(parents=True, exist_ok=True)
     (run_slurm if args.slurm else run_local)(args, flags, runs)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from benchmark import report
-from tests.conftest import REPO, cli_env
+from tests.conftest import REPO, cli_env, flags_with
 
 FLAGS = ["--", "--total-timesteps", "300", "--learning-starts", "100", "--batch-size", "32", "--eval-episodes", "1",
          "--no-cuda", "--checkpoint-freq", "0"]
@@ -37,17 +37,18 @@ def test_sweep_reports_failures_and_skips_finished_runs(tmp_path):
 
 
 def test_sweep_resumes_an_unfinished_run(tmp_path):
-    """A run killed after its last checkpoint (here: a finished run whose final evaluation row is then removed) is
-    resumed from its checkpoint.pt, not started again."""
-    flags = FLAGS[:-1] + ["300"]  # a checkpoint at the end
+    """A run of 300 steps killed after its checkpoint at 150 (made here as a run of 150 steps whose args.json then
+    says 300, which is what such a run leaves) is resumed from its checkpoint.pt, not started again."""
+    flags = flags_with(FLAGS, total_timesteps=150, checkpoint_freq=150)
     assert sweep(tmp_path, ["tests.toy_envs:Counter-v0"], "--workers", "2", flags=flags).returncode == 0
     run = next((tmp_path / "runs").glob("*__1__*"))
-    rows = (run / "evaluations.csv").read_text().splitlines()
-    (run / "evaluations.csv").write_text("\n".join(rows[:-1]) + "\n")
-    again = sweep(tmp_path, ["tests.toy_envs:Counter-v0"], "--workers", "2", flags=flags)
-    assert again.returncode == 0 and "1 runs to do (1 resumed), 1 already finished" in again.stdout, again.stdout
+    args = json.loads((run / "args.json").read_text())
+    (run / "args.json").write_text(json.dumps({**args, "total_timesteps": 300}))
+    again = sweep(tmp_path, ["tests.toy_envs:Counter-v0"], "--workers", "2", flags=FLAGS)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "1 runs to do (1 resumed), 1 already finished" in again.stdout, again.stdout
     log = (tmp_path / "benchmark/logs/td3_continuous__tests.toy_envs:Counter-v0__1.log").read_text()
-    assert f"resumed {run} at global_step 300" in log
+    assert f"resumed {run} at global_step 150" in log
     assert (run / "evaluations.csv").read_text().splitlines()[-1].startswith("300,")
 
 
