@@ -33,7 +33,8 @@ def test_sweep_reports_failures_and_skips_finished_runs(tmp_path):
     assert "cannot make --env-id" in (tmp_path / "benchmark/logs/td3_continuous__NoSuchEnv-v0__1.log").read_text()
     assert len(list((tmp_path / "runs").glob("*/evaluations.csv"))) == 2
     again = sweep(tmp_path, ["tests.toy_envs:Counter-v0"])
-    assert again.returncode == 0 and "0 runs to do (0 resumed), 2 already finished" in again.stdout
+    assert again.returncode == 0
+    assert "0 runs to do (0 resumed), 2 already finished" in again.stdout
 
 
 def test_sweep_resumes_an_unfinished_run(tmp_path):
@@ -73,7 +74,8 @@ def test_sweep_on_slurm(tmp_path):
         assert int(list(csv.DictReader(open(run / "evaluations.csv")))[-1]["global_step"]) == 300
     assert len(list((tmp_path / "benchmark/logs").glob("slurm-*_*.out"))) == 2
     again = sweep(tmp_path, ["tests.toy_envs:Counter-v0"], "--slurm")
-    assert again.returncode == 0 and "0 runs to submit, 2 already finished" in again.stdout
+    assert again.returncode == 0
+    assert "0 runs to submit, 2 already finished" in again.stdout
 
 
 def write_run(runs, algorithm, env_id, seed, rows):
@@ -106,7 +108,8 @@ def test_report_numbers_and_plot(tmp_path):
     pytest.importorskip("matplotlib")
     report.main(["--runs", str(runs), "--steps", "200", "--out", str(tmp_path / "out")])
     png = (tmp_path / "out" / "Hopper-v4.png").read_bytes()
-    assert png.startswith(b"\x89PNG") and len(png) > 5000
+    assert png.startswith(b"\x89PNG")
+    assert len(png) > 5000
     assert "| td3_continuous | Hopper-v4 | 30.0 |" in (tmp_path / "out" / "report.md").read_text()
 
 

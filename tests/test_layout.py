@@ -36,8 +36,10 @@ def test_algorithm_above_one_banner_and_machinery_below(script):
     banner_line = source[: source.index(BANNER)].count("\n") + 1
     above = [node.name for node in tree.body if hasattr(node, "name") and node.lineno < banner_line]
     below = [node.name for node in tree.body if hasattr(node, "name") and node.lineno > banner_line]
-    assert above[0] == "Args" and above[-1] == "main"
-    assert "Run" in below and {"check_args", "check_env", "read_checkpoint", "evaluate"} <= set(below)
+    assert above[0] == "Args"
+    assert above[-1] == "main"
+    assert "Run" in below
+    assert {"check_args", "check_env", "read_checkpoint", "evaluate"} <= set(below)
     assert all(len(line) <= 120 for line in source.splitlines())
 
 
@@ -72,4 +74,5 @@ def test_every_network_optimizer_and_buffer_is_in_the_checkpoint(script, tmp_pat
 
     monkeypatch.setattr(module.Run, "save_checkpoint", checked)
     run_main(script, flags_with(TINY, total_timesteps=300, eval_freq=0, checkpoint_freq=300), tmp_path, monkeypatch)
-    assert seen and seen[-1] == [], f"not in the checkpoint: {seen[-1]}"
+    assert seen, "save_checkpoint was never called"
+    assert seen[-1] == [], f"not in the checkpoint: {seen[-1]}"

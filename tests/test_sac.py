@@ -28,7 +28,8 @@ def test_tanh_gaussian_log_prob_matches_numerical_density():
 
 def test_tanh_gaussian_log_prob_is_finite_where_tanh_saturates():
     action, log_prob = sac_continuous.tanh_gaussian_sample(torch.full((1, 1), 30.0), torch.full((1, 1), -5.0))
-    assert action.item() == 1.0 and torch.isfinite(log_prob).all()
+    assert action.item() == 1.0
+    assert torch.isfinite(log_prob).all()
 
 
 def test_actor_mode_is_tanh_of_mean():
@@ -48,14 +49,16 @@ def alpha_after_one_step(update_alpha, statistic, target_entropy):
 def test_alpha_moves_towards_target_entropy_continuous(entropy, grows):
     """Target entropy -1 (that is -dim(A) for one dimension); the entropy estimate is -log pi."""
     alpha = alpha_after_one_step(sac_continuous.update_alpha, torch.full((8, 1), -entropy), -1.0)
-    assert (alpha > 1.0) == grows and alpha != 1.0
+    assert (alpha > 1.0) == grows
+    assert alpha != 1.0
 
 
 @pytest.mark.parametrize("entropy,grows", [(0.1, True), (0.6, False)])
 def test_alpha_moves_towards_target_entropy_discrete(entropy, grows):
     """Two actions, ratio 0.5: the target is 0.5 * log 2 = 0.35 nats."""
     alpha = alpha_after_one_step(sac_discrete.update_alpha, torch.full((8,), entropy), 0.5 * math.log(2))
-    assert (alpha > 1.0) == grows and alpha != 1.0
+    assert (alpha > 1.0) == grows
+    assert alpha != 1.0
 
 
 def test_discrete_target_terminated_vs_truncated():
@@ -84,7 +87,8 @@ def test_discrete_actor_loss_is_full_expectation():
     actor, qf = sac_discrete.Actor((4,), 3), sac_discrete.Critic((4,), 3)
     obs = torch.randn(5, 4)
     log_pi, q = actor(obs).detach(), qf(obs).min(0).values.detach()
-    expected = np.mean([sum(math.exp(log_pi[s, a]) * (0.3 * log_pi[s, a] - q[s, a]) for a in range(3)) for s in range(5)])
+    expected = np.mean([sum(math.exp(log_pi[s, a]) * (0.3 * log_pi[s, a] - q[s, a]) for a in range(3))
+                        for s in range(5)])
     loss, entropy = sac_discrete.update_actor(obs, actor, qf, torch.optim.SGD(actor.parameters(), lr=0.0), 0.3)
     assert loss.item() == pytest.approx(expected, rel=1e-5)
     assert torch.allclose(entropy, -(log_pi.exp() * log_pi).sum(-1))
@@ -111,7 +115,8 @@ def test_num_critics(tmp_path, monkeypatch):
     for name in ("qf", "qf_target"):
         assert all(w.shape[0] == 3 for key, w in state[name].items()), name
     first_layer = state["qf"]["weights.0"]
-    assert not torch.equal(first_layer[0], first_layer[1]) and not torch.equal(first_layer[1], first_layer[2])
+    assert not torch.equal(first_layer[0], first_layer[1])
+    assert not torch.equal(first_layer[1], first_layer[2])
 
 
 @pytest.mark.skipif(sac_discrete.ale_py is None, reason="the Atari path needs the optional ale-py")
@@ -121,7 +126,8 @@ def test_atari_smoke(tmp_path, monkeypatch):
                        eval_episodes=1, checkpoint_freq=300)
     run = run_main("sac_discrete", flags, tmp_path, monkeypatch)
     rb = load_checkpoint(run["run_dir"])["state"]["rb"]
-    assert rb["obs"].shape == (300, 4, 84, 84) and rb["obs"].dtype == torch.uint8
+    assert rb["obs"].shape == (300, 4, 84, 84)
+    assert rb["obs"].dtype == torch.uint8
     assert set(rb["reward"].unique().tolist()) <= {-1.0, 0.0, 1.0}  # clipped to their sign
     # No episode of Pong ends within 300 steps: each row's next frames are the next row's, and the stack of 4 moves
     # on by one frame per step.

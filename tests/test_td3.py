@@ -21,15 +21,20 @@ def test_buffer_wraps_around_and_samples_only_filled_rows():
 
     add([1, 2])
     add([3, 4])
-    assert len(rb) == 4 and not rb.full
+    assert len(rb) == 4
+    assert not rb.full
     obs = rb.sample(2000)[0]
     assert set(obs.flatten().tolist()) == {1.0, 2.0, 3.0, 4.0}  # never an empty row
     add([5, 6])  # 6 goes to row 0: wrap-around
-    assert rb.full and rb.pos == 1 and len(rb) == 5
+    assert rb.full
+    assert rb.pos == 1
+    assert len(rb) == 5
     assert rb.data[:, 0].tolist() == [6.0, 2.0, 3.0, 4.0, 5.0]
     obs, action, reward, terminated, next_obs = rb.sample(2000)
     assert set(obs.flatten().tolist()) == {2.0, 3.0, 4.0, 5.0, 6.0}
-    assert torch.equal(next_obs, obs + 1) and torch.equal(action, obs) and reward.shape == (2000, 1)
+    assert torch.equal(next_obs, obs + 1)
+    assert torch.equal(action, obs)
+    assert reward.shape == (2000, 1)
 
 
 def test_action_scaling_with_asymmetric_bounds():
@@ -45,7 +50,8 @@ def test_critic_heads_are_independent_networks_and_fixed_q1_gives_no_critic_grad
     qf, actor = td3.Critic(3, 2), td3.Actor(3, 2)
     obs = torch.randn(8, 3)
     q = qf(obs, actor(obs))
-    assert q.shape == (2, 8, 1) and not torch.allclose(q[0], q[1])
+    assert q.shape == (2, 8, 1)
+    assert not torch.allclose(q[0], q[1])
     assert torch.allclose(qf.fixed(obs, actor(obs), num_q=1)[0], q[0])
     (-qf.fixed(obs, actor(obs), num_q=1)[0].mean()).backward()
     assert all(p.grad is None for p in qf.parameters())

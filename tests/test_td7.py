@@ -43,7 +43,8 @@ def test_lap_samples_in_proportion_to_priority():
 
 def test_priority_update_max_priority_and_reset():
     rb = filled_buffer(n=8, capacity=16)
-    assert torch.equal(rb.priority[:8], torch.ones(8)) and rb.max_priority.item() == 1.0
+    assert torch.equal(rb.priority[:8], torch.ones(8))
+    assert rb.max_priority.item() == 1.0
     rb.sample(3)
     rb.idx = torch.tensor([0, 3, 5])  # distinct rows, as if sampled
     rb.update_priority(torch.tensor([5.0, 2.0, 3.0]))
@@ -59,8 +60,9 @@ def test_priority_update_max_priority_and_reset():
 def td7_run(tmp_path, monkeypatch, total_timesteps, **overrides):
     """The final checkpoint's state and counters of a TD7 run on the counter env (one update per env step once an
     episode has ended after --learning-starts), with a target cascade every 3 updates."""
+    overrides = {"target_update_rate": 3, **overrides}
     flags = flags_with(TINY, env_id="tests.toy_envs:Counter-v0", total_timesteps=total_timesteps, learning_starts=20,
-                       batch_size=16, eval_freq=0, checkpoint_freq=total_timesteps, **{"target_update_rate": 3, **overrides})
+                       batch_size=16, eval_freq=0, checkpoint_freq=total_timesteps, **overrides)
     run = run_main("td7_continuous", flags + ["--no-checkpoints"], tmp_path / str(total_timesteps), monkeypatch)
     checkpoint = load_checkpoint(run["run_dir"])
     global_step, num_updates, allow_train = checkpoint["counters"]
@@ -75,7 +77,8 @@ def test_cascade_gives_fixed_target_encoder_the_old_fixed_encoder(tmp_path, monk
     steps = 60 - probe_updates % 3  # one update per env step: this run ends on a cascade
     earlier, earlier_updates = td7_run(tmp_path, monkeypatch, steps)
     later, later_updates = td7_run(tmp_path, monkeypatch, steps + 3)
-    assert earlier_updates % 3 == 0 and later_updates == earlier_updates + 3 > 3
+    assert earlier_updates % 3 == 0
+    assert later_updates == earlier_updates + 3 > 3
     for key, value in later["fixed_encoder_target"].items():
         assert torch.equal(value, earlier["fixed_encoder"][key]), key
     for key, value in later["fixed_encoder"].items():
@@ -107,7 +110,8 @@ def test_checkpoint_policy_state_machine():
     policy.before_update(999, args)
     assert policy.max_eps_before_update == 1
     policy.before_update(1000, args)
-    assert policy.max_eps_before_update == 3 and policy.best_min_return == pytest.approx(54.0)
+    assert policy.max_eps_before_update == 3
+    assert policy.best_min_return == pytest.approx(54.0)
     assert policy.episode_end(length=10, episode_return=70.0) == (False, 0)  # still judging
     assert policy.episode_end(length=20, episode_return=55.0) == (False, 0)
     assert policy.episode_end(length=30, episode_return=65.0) == (True, 60)  # min 55 >= 54: checkpoint
@@ -115,7 +119,8 @@ def test_checkpoint_policy_state_machine():
     # Early termination: the first episode below the bar ends the judging and trains on what it took.
     assert policy.episode_end(length=40, episode_return=80.0) == (False, 0)
     assert policy.episode_end(length=50, episode_return=10.0) == (False, 90)
-    assert policy.eps_since_update == 0 and policy.min_return == 1e8
+    assert policy.eps_since_update == 0
+    assert policy.min_return == 1e8
 
 
 def test_offline_mode_trains_on_a_saved_buffer(tmp_path):
@@ -123,12 +128,14 @@ def test_offline_mode_trains_on_a_saved_buffer(tmp_path):
     assert online.returncode == 0, online.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
     data = np.load(run_dir / "buffer.npz")
-    assert data["observations"].shape == (400, 11) and data["actions"].shape == (400, 3)
+    assert data["observations"].shape == (400, 11)
+    assert data["actions"].shape == (400, 3)
     assert np.abs(data["actions"]).max() <= 1.0  # Hopper's bounds are [-1, 1]
     offline_dir = tmp_path / "offline"
     offline_dir.mkdir()
     flags = ["--offline", "--dataset", str(run_dir / "buffer.npz"), "--total-timesteps", "300", "--batch-size", "32",
-             "--eval-freq", "150", "--eval-episodes", "2", "--checkpoint-freq", "150", "--no-cuda", "--torch-threads", "1"]
+             "--eval-freq", "150", "--eval-episodes", "2", "--checkpoint-freq", "150", "--no-cuda",
+             "--torch-threads", "1"]
     result = run_cli("td7_continuous", flags, offline_dir)
     assert result.returncode == 0, result.stderr
     (offline_run,) = (offline_dir / "runs").iterdir()
@@ -136,13 +143,15 @@ def test_offline_mode_trains_on_a_saved_buffer(tmp_path):
     assert checkpoint["counters"][1] == 300  # updates
     assert len(checkpoint["state"]["rb"]["data"]) == 400
     bad = run_cli("td7_continuous", ["--offline", "--dataset", str(offline_run / "args.json")], offline_dir)
-    assert bad.returncode == 1 and bad.stderr.strip().startswith("error: cannot read --dataset")
+    assert bad.returncode == 1
+    assert bad.stderr.strip().startswith("error: cannot read --dataset")
 
 
 @pytest.mark.parametrize("flag", [["--learning-starts", "10"], ["--no-checkpoints"], ["--num-envs", "2"]])
 def test_offline_refuses_the_flags_it_would_ignore(flag, tmp_path):
     result = run_cli("td7_continuous", ["--offline", "--dataset", "data.npz", *flag], tmp_path, timeout=60)
-    assert result.returncode == 1 and not (tmp_path / "runs").exists()
+    assert result.returncode == 1
+    assert not (tmp_path / "runs").exists()
     assert result.stderr.strip() == f"error: {flag[0]} has no effect with --offline: it trains on the whole " \
                                     "dataset, one update per step, without policy checkpoints"
 

@@ -27,7 +27,8 @@ class CounterEnv(gym.Env):
         return np.array([self.t], np.float32), {}
 
     def step(self, action):
-        assert self.action_space.contains(action if self.action_space.shape == () else np.asarray(action, np.float32)), action
+        discrete = self.action_space.shape == ()
+        assert self.action_space.contains(action if discrete else np.asarray(action, np.float32)), action
         self.t += 1
         CounterEnv.steps_in_process += 1
         reward = 1.0 if self.bad_from is None or CounterEnv.steps_in_process < self.bad_from else self.bad_reward
