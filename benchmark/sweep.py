@@ -8,9 +8,9 @@
 --envs takes env ids or the names of sets (mujoco, classic, atari); without it, a script runs on its own set
 (classic for sac_discrete.py, mujoco for the others), with seeds 1 2 3 unless --seeds says otherwise. Each run
 gets --env-id, --seed and --torch-threads (the CPUs this process may use, shared among the workers; OMP and MKL
-threads likewise), plus the flags after `--`. A run is skipped when runs/ already holds its finished result (an evaluations.csv whose
-last row reached the run's total_timesteps), and an unfinished run that left a checkpoint.pt is resumed from it,
-so a sweep can simply be started again after an interruption or a pre-emption. Logs go to
+threads likewise), plus the flags after `--`. A run is skipped when runs/ already holds its finished result (an
+evaluations.csv whose last row reached the run's total_timesteps), and an unfinished run that left a checkpoint.pt
+is resumed from it, so a sweep can simply be started again after an interruption or a pre-emption. Logs go to
 benchmark/logs/{exp_name}__{env}__{seed}.log.
 
 With --slurm, the same runs become one `sbatch` job array: task i runs this file in local mode for the i-th
