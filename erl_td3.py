@@ -28,7 +28,10 @@ Deliberate choices and differences:
 The file has two parts: the algorithm, from here to `main`, and below the banner after it the run
 machinery, which changes nothing that is computed.
 """
+import contextlib
 import csv
+import io
+import itertools
 import json
 import os
 import random
@@ -383,7 +386,6 @@ def main(args):
     check_args(args)
     checkpoint = read_checkpoint(args)
     device = choose_device(args)
-    run = Run(args, checkpoint, device)
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -408,12 +410,14 @@ def main(args):
     # fused: one kernel for all parameters, 2-3x faster than the default foreach Adam on CPU; same update rule
     actor_optimizers = [torch.optim.Adam(a.parameters(), lr=args.learning_rate, fused=True) for a in actors]
     q_optimizers = [torch.optim.Adam(q.parameters(), lr=args.learning_rate, fused=True) for q in qfs]
+    check_memory(ReplayBuffer(args.buffer_size, obs_dim, act_dim, torch.device("meta")), device)
     rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, device)
     # Everything a checkpoint holds besides the loop's counters and the envs: --resume restores exactly these.
     state = {"rb": rb, "rng": rng, **{f"{name}_{k}": value for name, group in [
         ("actor", actors), ("actor_target", actor_targets), ("actor_optimizer", actor_optimizers), ("qf", qfs),
         ("qf_target", qf_targets), ("q_optimizer", q_optimizers), ("population_weights", weights),
         ("population_biases", biases)] for k, value in enumerate(group)}}
+    run = Run(args, checkpoint, device)
 
     global_step, num_updates, generation, fitness = 0, 0, 0, np.zeros(args.pop_size)
     injected = np.zeros(0, dtype=np.int64)  # the slots of the learners' copies, until the next genetic step
@@ -496,13 +500,33 @@ def first_line(error):
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
+def parse_args(argv=None):
+    """tyro's parser, with its error box shortened to one line in tyro's words: the message (which names the flag)
+    and, for a misspelled flag, the one it resembles."""
+    message = io.StringIO()
+    os.environ["COLUMNS"] = "1000"  # tyro wraps its box at the terminal's width: one message, one row
+    try:
+        with contextlib.redirect_stderr(message):
+            return tyro.cli(Args, args=argv)
+    except SystemExit as e:
+        if e.code == 0:  # --help
+            raise
+        rows = [row.strip("│ ").strip() for row in message.getvalue().splitlines() if row.startswith("│")]
+        rows = [row for row in rows if row and not row.startswith(("─", "For full helptext"))]
+        meant = rows[rows.index("Perhaps you meant:") + 1:] if "Perhaps you meant:" in rows else []
+        hint = next((row for row in meant if row.startswith("--")), None)
+        print(f"error: {rows[0] if rows else 'cannot parse the command line'}"
+              + (f" (perhaps you meant {hint})" if hint else ""), file=sys.stderr)
+        sys.exit(2)
+
+
 def check_args(args):
     """Every numeric flag finite and in its range, before anything is written."""
     positive = ["total_timesteps", "buffer_size", "batch_size", "eval_episodes", "policy_frequency", "learning_rate",
-                "tau", "num_rl_agents", "pop_size", "tournament_size", "episodes_for_fitness", "rl_injection_interval",
-                "weight_max_magnitude"]
+                "tau", "num_rl_agents", "pop_size", "num_elites", "tournament_size", "episodes_for_fitness",
+                "rl_injection_interval", "weight_max_magnitude"]
     non_negative = ["learning_starts", "eval_freq", "checkpoint_freq", "torch_threads", "policy_noise", "noise_clip",
-                    "exploration_noise", "utd_ratio", "num_elites", "mutation_strength", "super_mutation_strength"]
+                    "exploration_noise", "utd_ratio", "mutation_strength", "super_mutation_strength"]
     unit_interval = ["gamma", "tau", "crossover_prob", "mutation_prob", "mutation_frac", "super_mutation_prob",
                      "reset_prob"]
     for name, value in asdict(args).items():
@@ -518,6 +542,9 @@ def check_args(args):
              f"{args.pop_size}: injected actors would replace elites")
     if args.batch_size > args.buffer_size:
         fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
+    if args.learning_starts >= min(args.total_timesteps, args.buffer_size + 1):
+        fail(f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps} and at "
+             f"most --buffer-size {args.buffer_size}: no update would ever happen")
 
 
 def check_env(env_id):
@@ -543,9 +570,11 @@ def read_checkpoint(args):
         return None
     try:
         checkpoint = torch.load(args.resume, map_location="cpu", weights_only=False)
-        saved_args, step = checkpoint["args"], checkpoint["global_step"]
     except Exception as e:
         fail(f"cannot read --resume file {args.resume}: {first_line(e)}")
+    if not isinstance(checkpoint, dict) or not {"args", "run_name", "global_step", "state"} <= checkpoint.keys():
+        fail(f"--resume file {args.resume} is not a checkpoint.pt of this script (model.pt holds only the networks)")
+    saved_args, step = checkpoint["args"], checkpoint["global_step"]
     for name, value in asdict(args).items():
         if name not in RESUMABLE_FLAGS and saved_args.get(name) != value:
             fail(f"--resume file {args.resume} was made with --{name.replace('_', '-')} {saved_args.get(name)}, "
@@ -601,12 +630,59 @@ def evaluate(policy, env_id, episodes, seed, device, video_folder=None, video_pr
 
 
 def drop_evaluations_after(path, global_step):
-    """On resume, forget evaluations made after the checkpoint: the resumed run makes them again."""
-    if os.path.exists(path):
-        with open(path, newline="") as f:
-            rows = list(csv.reader(f))
-        with open(path, "w", newline="") as f:
-            csv.writer(f).writerows(rows[:1] + [row for row in rows[1:] if int(row[0]) <= global_step])
+    """On resume, forget evaluations made after the checkpoint (the resumed run makes them again), rewriting the file
+    through a temp file; a malformed file is refused and left as it is."""
+    if not os.path.exists(path):
+        return
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    try:
+        kept = rows[:1] + [row for row in rows[1:] if int(row[0]) <= global_step]
+    except (ValueError, IndexError):
+        fail(f"cannot resume: {path} has a malformed row; mend or remove it")
+    write_atomically(path, lambda f: csv.writer(f).writerows(kept))
+
+
+def write_atomically(path, write):
+    """Write a text file through a temp file and a rename: a kill while writing leaves the old file whole."""
+    with open(path + ".tmp", "w", newline="") as f:
+        write(f)
+    os.replace(path + ".tmp", path)
+
+
+def claim_run_dir(name):
+    """Create runs/{name} exclusively, or runs/{name}-1, -2 ... when another run took it in the same second: a run
+    owns its directory. Returns the name taken and the directory."""
+    try:
+        os.makedirs("runs", exist_ok=True)
+    except OSError as e:
+        fail(f"cannot create the run directory in {os.path.abspath('runs')}: {e.strerror}")
+    for i in itertools.count():
+        candidate = name if i == 0 else f"{name}-{i}"
+        try:
+            os.mkdir(os.path.join("runs", candidate))
+            return candidate, os.path.abspath(os.path.join("runs", candidate))
+        except FileExistsError:
+            continue
+
+
+def check_memory(buffer, device):
+    """Fail with one line unless the replay `buffer`, built on the meta device (shapes and dtypes, no memory), fits
+    in the memory `device` has free: the GPU's, or the host's (MemAvailable, within a cgroup's limit)."""
+    tensors = [t for v in vars(buffer).values() for t in (v.values() if isinstance(v, dict) else [v])]
+    need = sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")  # free pages, without reclaimable cache
+        with contextlib.suppress(OSError, IndexError):
+            free = int(open("/proc/meminfo").read().split("MemAvailable:")[1].split()[0]) * 1024
+        with contextlib.suppress(OSError, ValueError):
+            limit = open("/sys/fs/cgroup/memory.max").read().strip()
+            free = min(free, int(limit) - int(open("/sys/fs/cgroup/memory.current").read()))
+    if need > free:
+        fail(f"the replay buffer needs {need / 2**30:.1f} GiB, more than the {free / 2**30:.1f} GiB free on the "
+             f"{device.type}; lower --buffer-size")
 
 
 class Run:
@@ -619,12 +695,9 @@ class Run:
             drop_evaluations_after(os.path.join(self.dir, "evaluations.csv"), checkpoint["global_step"])
         else:
             env_name = args.env_id.replace("/", "-").replace(":", "-")
-            self.name = f"{env_name}__{args.exp_name}__{args.seed}__{int(time.time())}"
-            self.dir = os.path.abspath(os.path.join("runs", self.name))
-        os.makedirs(self.dir, exist_ok=True)
+            self.name, self.dir = claim_run_dir(f"{env_name}__{args.exp_name}__{args.seed}__{int(time.time())}")
         self.checkpoint_path = os.path.join(self.dir, "checkpoint.pt")
-        with open(os.path.join(self.dir, "args.json"), "w") as f:
-            json.dump(asdict(args), f, indent=2)
+        write_atomically(os.path.join(self.dir, "args.json"), lambda f: json.dump(asdict(args), f, indent=2))
         if args.track:
             import wandb
 
@@ -680,6 +753,12 @@ class Run:
                 self.writer.add_scalar(f"losses/{name}", value, global_step)
             self.writer.add_scalar("charts/SPS", int(self.sps(global_step)), global_step)
         self.history, self.updates = [], []
+
+    def check_finite(self, global_step, **arrays):
+        """Stop if a host array (an action, an observation) is not finite, naming it, or any non-finite metric."""
+        for name, array in arrays.items():
+            if not np.isfinite(array).all():
+                self.flush(global_step, cause=f"{name} at global_step {global_step}")
 
     def evaluate(self, global_step, policy, learner):
         """Evaluate the champion `policy`, and the first `learner` in extra columns, into evaluations.csv and
@@ -770,4 +849,4 @@ class Run:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(parse_args())

@@ -20,7 +20,10 @@ td3_continuous_action.py. Deliberate differences from CleanRL, none of which cha
 The file has two parts: the algorithm, from here to `main`, and below the banner after it the run
 machinery, which changes nothing that is computed.
 """
+import contextlib
 import csv
+import io
+import itertools
 import json
 import os
 import random
@@ -239,7 +242,6 @@ def main(args):
     check_args(args)
     checkpoint = read_checkpoint(args)
     device = choose_device(args)
-    run = Run(args, checkpoint, device)
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -261,10 +263,12 @@ def main(args):
     # fused: one kernel for all parameters, 2-3x faster than the default foreach Adam on CPU; same update rule
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True)
     q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.learning_rate, fused=True)
+    check_memory(ReplayBuffer(args.buffer_size, obs_dim, act_dim, torch.device("meta")), device)
     rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, device)
     # Everything a checkpoint holds besides the loop's counters and the envs: --resume restores exactly these.
     state = {"actor": actor, "qf": qf, "actor_target": actor_target, "qf_target": qf_target,
              "actor_optimizer": actor_optimizer, "q_optimizer": q_optimizer, "rb": rb, "rng": rng}
+    run = Run(args, checkpoint, device)
 
     obs, _ = envs.reset(seed=args.seed)
     episode_return, episode_length = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
@@ -281,10 +285,10 @@ def main(args):
                 with torch.no_grad():
                     action = actor(torch.as_tensor(obs, dtype=torch.float32, device=device))
                     action = (action + torch.randn_like(action) * args.exploration_noise).clamp(-1.0, 1.0).cpu().numpy()
-                if not np.isfinite(action).all():  # the action is on the host anyway: a free check every step
-                    run.flush(global_step, cause=f"action at global_step {global_step}")
+                run.check_finite(global_step, action=action)  # the action is on the host anyway: a free check
             next_obs, reward, terminated, truncated, infos = envs.step(to_env(action, low, high))
             global_step += args.num_envs
+            run.check_finite(global_step, observation=next_obs)
 
             episode_return += reward
             episode_length += 1
@@ -339,6 +343,26 @@ def first_line(error):
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
+def parse_args(argv=None):
+    """tyro's parser, with its error box shortened to one line in tyro's words: the message (which names the flag)
+    and, for a misspelled flag, the one it resembles."""
+    message = io.StringIO()
+    os.environ["COLUMNS"] = "1000"  # tyro wraps its box at the terminal's width: one message, one row
+    try:
+        with contextlib.redirect_stderr(message):
+            return tyro.cli(Args, args=argv)
+    except SystemExit as e:
+        if e.code == 0:  # --help
+            raise
+        rows = [row.strip("│ ").strip() for row in message.getvalue().splitlines() if row.startswith("│")]
+        rows = [row for row in rows if row and not row.startswith(("─", "For full helptext"))]
+        meant = rows[rows.index("Perhaps you meant:") + 1:] if "Perhaps you meant:" in rows else []
+        hint = next((row for row in meant if row.startswith("--")), None)
+        print(f"error: {rows[0] if rows else 'cannot parse the command line'}"
+              + (f" (perhaps you meant {hint})" if hint else ""), file=sys.stderr)
+        sys.exit(2)
+
+
 def check_args(args):
     """Every numeric flag finite and in its range, before anything is written."""
     positive = ["total_timesteps", "num_envs", "buffer_size", "batch_size", "eval_episodes", "log_freq",
@@ -356,6 +380,9 @@ def check_args(args):
             fail(f"{flag} must lie in [0, 1], got {value}")
     if args.batch_size > args.buffer_size:
         fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
+    if args.learning_starts >= args.total_timesteps:
+        fail(f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}: no "
+             "update would ever happen")
 
 
 def check_env(env_id):
@@ -381,9 +408,11 @@ def read_checkpoint(args):
         return None
     try:
         checkpoint = torch.load(args.resume, map_location="cpu", weights_only=False)
-        saved_args, step = checkpoint["args"], checkpoint["global_step"]
     except Exception as e:
         fail(f"cannot read --resume file {args.resume}: {first_line(e)}")
+    if not isinstance(checkpoint, dict) or not {"args", "run_name", "global_step", "state"} <= checkpoint.keys():
+        fail(f"--resume file {args.resume} is not a checkpoint.pt of this script (model.pt holds only the networks)")
+    saved_args, step = checkpoint["args"], checkpoint["global_step"]
     for name, value in asdict(args).items():
         if name not in RESUMABLE_FLAGS and saved_args.get(name) != value:
             fail(f"--resume file {args.resume} was made with --{name.replace('_', '-')} {saved_args.get(name)}, "
@@ -454,12 +483,59 @@ def evaluate(policy, env_id, episodes, seed, device, video_folder=None, video_pr
 
 
 def drop_evaluations_after(path, global_step):
-    """On resume, forget evaluations made after the checkpoint: the resumed run makes them again."""
-    if os.path.exists(path):
-        with open(path, newline="") as f:
-            rows = list(csv.reader(f))
-        with open(path, "w", newline="") as f:
-            csv.writer(f).writerows(rows[:1] + [row for row in rows[1:] if int(row[0]) <= global_step])
+    """On resume, forget evaluations made after the checkpoint (the resumed run makes them again), rewriting the file
+    through a temp file; a malformed file is refused and left as it is."""
+    if not os.path.exists(path):
+        return
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    try:
+        kept = rows[:1] + [row for row in rows[1:] if int(row[0]) <= global_step]
+    except (ValueError, IndexError):
+        fail(f"cannot resume: {path} has a malformed row; mend or remove it")
+    write_atomically(path, lambda f: csv.writer(f).writerows(kept))
+
+
+def write_atomically(path, write):
+    """Write a text file through a temp file and a rename: a kill while writing leaves the old file whole."""
+    with open(path + ".tmp", "w", newline="") as f:
+        write(f)
+    os.replace(path + ".tmp", path)
+
+
+def claim_run_dir(name):
+    """Create runs/{name} exclusively, or runs/{name}-1, -2 ... when another run took it in the same second: a run
+    owns its directory. Returns the name taken and the directory."""
+    try:
+        os.makedirs("runs", exist_ok=True)
+    except OSError as e:
+        fail(f"cannot create the run directory in {os.path.abspath('runs')}: {e.strerror}")
+    for i in itertools.count():
+        candidate = name if i == 0 else f"{name}-{i}"
+        try:
+            os.mkdir(os.path.join("runs", candidate))
+            return candidate, os.path.abspath(os.path.join("runs", candidate))
+        except FileExistsError:
+            continue
+
+
+def check_memory(buffer, device):
+    """Fail with one line unless the replay `buffer`, built on the meta device (shapes and dtypes, no memory), fits
+    in the memory `device` has free: the GPU's, or the host's (MemAvailable, within a cgroup's limit)."""
+    tensors = [t for v in vars(buffer).values() for t in (v.values() if isinstance(v, dict) else [v])]
+    need = sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")  # free pages, without reclaimable cache
+        with contextlib.suppress(OSError, IndexError):
+            free = int(open("/proc/meminfo").read().split("MemAvailable:")[1].split()[0]) * 1024
+        with contextlib.suppress(OSError, ValueError):
+            limit = open("/sys/fs/cgroup/memory.max").read().strip()
+            free = min(free, int(limit) - int(open("/sys/fs/cgroup/memory.current").read()))
+    if need > free:
+        fail(f"the replay buffer needs {need / 2**30:.1f} GiB, more than the {free / 2**30:.1f} GiB free on the "
+             f"{device.type}; lower --buffer-size")
 
 
 class Run:
@@ -472,12 +548,9 @@ class Run:
             drop_evaluations_after(os.path.join(self.dir, "evaluations.csv"), checkpoint["global_step"])
         else:
             env_name = args.env_id.replace("/", "-").replace(":", "-")
-            self.name = f"{env_name}__{args.exp_name}__{args.seed}__{int(time.time())}"
-            self.dir = os.path.abspath(os.path.join("runs", self.name))
-        os.makedirs(self.dir, exist_ok=True)
+            self.name, self.dir = claim_run_dir(f"{env_name}__{args.exp_name}__{args.seed}__{int(time.time())}")
         self.checkpoint_path = os.path.join(self.dir, "checkpoint.pt")
-        with open(os.path.join(self.dir, "args.json"), "w") as f:
-            json.dump(asdict(args), f, indent=2)
+        write_atomically(os.path.join(self.dir, "args.json"), lambda f: json.dump(asdict(args), f, indent=2))
         if args.track:
             import wandb
 
@@ -530,6 +603,12 @@ class Run:
                 self.writer.add_scalar(f"losses/{name}", value, global_step)
             self.writer.add_scalar("charts/SPS", int(self.sps(global_step)), global_step)
         self.history, self.updates = [], []
+
+    def check_finite(self, global_step, **arrays):
+        """Stop if a host array (an action, an observation) is not finite, naming it, or any non-finite metric."""
+        for name, array in arrays.items():
+            if not np.isfinite(array).all():
+                self.flush(global_step, cause=f"{name} at global_step {global_step}")
 
     def evaluate(self, global_step, policy):
         """Evaluate `policy` into evaluations.csv and TensorBoard, and print a progress line."""
@@ -615,4 +694,4 @@ class Run:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(parse_args())

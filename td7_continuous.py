@@ -28,7 +28,10 @@ The file has two parts: the algorithm, from here to `main`, and below the banner
 machinery, which changes nothing that is computed.
 """
 import copy
+import contextlib
 import csv
+import io
+import itertools
 import json
 import os
 import random
@@ -386,7 +389,6 @@ def main(args):
     low, high = envs.single_action_space.low, envs.single_action_space.high
     dataset = load_dataset(args.dataset, obs_dim, act_dim, low, high) if args.offline else None
     device = choose_device(args)
-    run = Run(args, checkpoint, device)
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -406,7 +408,9 @@ def main(args):
     encoder_optimizer = torch.optim.Adam(encoder.parameters(), lr=args.encoder_lr, fused=True)
     q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.q_lr, fused=True)
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True)
-    rb = LAPReplayBuffer(len(dataset["observations"]) if args.offline else args.buffer_size, obs_dim, act_dim, device)
+    capacity = len(dataset["observations"]) if args.offline else args.buffer_size
+    check_memory(LAPReplayBuffer(capacity, obs_dim, act_dim, torch.device("meta")), device)
+    rb = LAPReplayBuffer(capacity, obs_dim, act_dim, device)
     if args.offline and not checkpoint:
         rb.add(*(dataset[key] for key in ("observations", "actions", "rewards", "terminals", "next_observations")))
     policy = CheckpointPolicy()  # TD7's policy checkpoints (online only): when to train, which policy to keep
@@ -419,6 +423,7 @@ def main(args):
              "q_optimizer": q_optimizer, "actor_optimizer": actor_optimizer, "rb": rb, "policy": policy, "rng": rng}
     # Evaluation and the saved model use the checkpoint policy when there is one.
     eval_actor, eval_encoder = (checkpoint_actor, checkpoint_encoder) if use_checkpoints else (actor, fixed_encoder)
+    run = Run(args, checkpoint, device)
 
     obs, _ = envs.reset(seed=args.seed)
     episode_return, episode_length = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
@@ -440,10 +445,10 @@ def main(args):
                         action = actor(o, fixed_encoder.zs(o))
                         action = (action + torch.randn_like(action) * args.exploration_noise).clamp(-1.0, 1.0)
                         action = action.cpu().numpy()
-                    if not np.isfinite(action).all():  # the action is on the host anyway: a free check every step
-                        run.flush(global_step, cause=f"action at global_step {global_step}")
+                    run.check_finite(global_step, action=action)  # the action is on the host anyway: a free check
                 next_obs, reward, terminated, truncated, infos = envs.step(to_env(action, low, high))
                 global_step += args.num_envs
+                run.check_finite(global_step, observation=next_obs)
 
                 # With policy checkpoints the agent trains in bursts at episode ends; without, one update per step.
                 num_new_updates = args.num_envs if allow_train and not use_checkpoints else 0
@@ -525,6 +530,26 @@ def first_line(error):
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
+def parse_args(argv=None):
+    """tyro's parser, with its error box shortened to one line in tyro's words: the message (which names the flag)
+    and, for a misspelled flag, the one it resembles."""
+    message = io.StringIO()
+    os.environ["COLUMNS"] = "1000"  # tyro wraps its box at the terminal's width: one message, one row
+    try:
+        with contextlib.redirect_stderr(message):
+            return tyro.cli(Args, args=argv)
+    except SystemExit as e:
+        if e.code == 0:  # --help
+            raise
+        rows = [row.strip("│ ").strip() for row in message.getvalue().splitlines() if row.startswith("│")]
+        rows = [row for row in rows if row and not row.startswith(("─", "For full helptext"))]
+        meant = rows[rows.index("Perhaps you meant:") + 1:] if "Perhaps you meant:" in rows else []
+        hint = next((row for row in meant if row.startswith("--")), None)
+        print(f"error: {rows[0] if rows else 'cannot parse the command line'}"
+              + (f" (perhaps you meant {hint})" if hint else ""), file=sys.stderr)
+        sys.exit(2)
+
+
 def check_args(args):
     """Every numeric flag finite and in its range, before anything is written."""
     positive = ["total_timesteps", "num_envs", "buffer_size", "batch_size", "eval_episodes", "log_freq",
@@ -543,6 +568,9 @@ def check_args(args):
             fail(f"{flag} must lie in [0, 1], got {value}")
     if args.batch_size > args.buffer_size:
         fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
+    if args.learning_starts >= args.total_timesteps and not args.offline:
+        fail(f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}: no "
+             "update would ever happen")
     if args.offline != bool(args.dataset):
         fail("--offline needs --dataset PATH" if args.offline else "--dataset is only read with --offline")
     for name in OFFLINE_IGNORES if args.offline else []:
@@ -582,11 +610,15 @@ def load_dataset(path, obs_dim, act_dim, low, high):
     except Exception as e:
         fail(f"cannot read --dataset {path}: {first_line(e)}")
     n = len(d["observations"])
+    if n == 0:
+        fail(f"--dataset {path} holds no transitions")
     expected = {"observations": (n, obs_dim), "actions": (n, act_dim), "rewards": (n,),
                 "next_observations": (n, obs_dim), "terminals": (n,)}
     for key, shape in expected.items():
         if d[key].shape != shape:
             fail(f"--dataset {path}: {key} has shape {d[key].shape}, the env needs {shape}")
+        if not np.isfinite(d[key]).all():
+            fail(f"--dataset {path}: {key} holds a non-finite value, in row {np.flatnonzero(~np.isfinite(d[key]))[0]}")
     d["actions"] = np.clip(2.0 * (d["actions"] - low) / (high - low) - 1.0, -1.0, 1.0)
     return d
 
@@ -597,9 +629,11 @@ def read_checkpoint(args):
         return None
     try:
         checkpoint = torch.load(args.resume, map_location="cpu", weights_only=False)
-        saved_args, step = checkpoint["args"], checkpoint["global_step"]
     except Exception as e:
         fail(f"cannot read --resume file {args.resume}: {first_line(e)}")
+    if not isinstance(checkpoint, dict) or not {"args", "run_name", "global_step", "state"} <= checkpoint.keys():
+        fail(f"--resume file {args.resume} is not a checkpoint.pt of this script (model.pt holds only the networks)")
+    saved_args, step = checkpoint["args"], checkpoint["global_step"]
     for name, value in asdict(args).items():
         if name not in RESUMABLE_FLAGS and saved_args.get(name) != value:
             fail(f"--resume file {args.resume} was made with --{name.replace('_', '-')} {saved_args.get(name)}, "
@@ -670,12 +704,59 @@ def evaluate(policy, env_id, episodes, seed, device, video_folder=None, video_pr
 
 
 def drop_evaluations_after(path, global_step):
-    """On resume, forget evaluations made after the checkpoint: the resumed run makes them again."""
-    if os.path.exists(path):
-        with open(path, newline="") as f:
-            rows = list(csv.reader(f))
-        with open(path, "w", newline="") as f:
-            csv.writer(f).writerows(rows[:1] + [row for row in rows[1:] if int(row[0]) <= global_step])
+    """On resume, forget evaluations made after the checkpoint (the resumed run makes them again), rewriting the file
+    through a temp file; a malformed file is refused and left as it is."""
+    if not os.path.exists(path):
+        return
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    try:
+        kept = rows[:1] + [row for row in rows[1:] if int(row[0]) <= global_step]
+    except (ValueError, IndexError):
+        fail(f"cannot resume: {path} has a malformed row; mend or remove it")
+    write_atomically(path, lambda f: csv.writer(f).writerows(kept))
+
+
+def write_atomically(path, write):
+    """Write a text file through a temp file and a rename: a kill while writing leaves the old file whole."""
+    with open(path + ".tmp", "w", newline="") as f:
+        write(f)
+    os.replace(path + ".tmp", path)
+
+
+def claim_run_dir(name):
+    """Create runs/{name} exclusively, or runs/{name}-1, -2 ... when another run took it in the same second: a run
+    owns its directory. Returns the name taken and the directory."""
+    try:
+        os.makedirs("runs", exist_ok=True)
+    except OSError as e:
+        fail(f"cannot create the run directory in {os.path.abspath('runs')}: {e.strerror}")
+    for i in itertools.count():
+        candidate = name if i == 0 else f"{name}-{i}"
+        try:
+            os.mkdir(os.path.join("runs", candidate))
+            return candidate, os.path.abspath(os.path.join("runs", candidate))
+        except FileExistsError:
+            continue
+
+
+def check_memory(buffer, device):
+    """Fail with one line unless the replay `buffer`, built on the meta device (shapes and dtypes, no memory), fits
+    in the memory `device` has free: the GPU's, or the host's (MemAvailable, within a cgroup's limit)."""
+    tensors = [t for v in vars(buffer).values() for t in (v.values() if isinstance(v, dict) else [v])]
+    need = sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")  # free pages, without reclaimable cache
+        with contextlib.suppress(OSError, IndexError):
+            free = int(open("/proc/meminfo").read().split("MemAvailable:")[1].split()[0]) * 1024
+        with contextlib.suppress(OSError, ValueError):
+            limit = open("/sys/fs/cgroup/memory.max").read().strip()
+            free = min(free, int(limit) - int(open("/sys/fs/cgroup/memory.current").read()))
+    if need > free:
+        fail(f"the replay buffer needs {need / 2**30:.1f} GiB, more than the {free / 2**30:.1f} GiB free on the "
+             f"{device.type}; lower --buffer-size")
 
 
 class Run:
@@ -688,12 +769,9 @@ class Run:
             drop_evaluations_after(os.path.join(self.dir, "evaluations.csv"), checkpoint["global_step"])
         else:
             env_name = args.env_id.replace("/", "-").replace(":", "-")
-            self.name = f"{env_name}__{args.exp_name}__{args.seed}__{int(time.time())}"
-            self.dir = os.path.abspath(os.path.join("runs", self.name))
-        os.makedirs(self.dir, exist_ok=True)
+            self.name, self.dir = claim_run_dir(f"{env_name}__{args.exp_name}__{args.seed}__{int(time.time())}")
         self.checkpoint_path = os.path.join(self.dir, "checkpoint.pt")
-        with open(os.path.join(self.dir, "args.json"), "w") as f:
-            json.dump(asdict(args), f, indent=2)
+        write_atomically(os.path.join(self.dir, "args.json"), lambda f: json.dump(asdict(args), f, indent=2))
         if args.track:
             import wandb
 
@@ -746,6 +824,12 @@ class Run:
                 self.writer.add_scalar(f"losses/{name}", value, global_step)
             self.writer.add_scalar("charts/SPS", int(self.sps(global_step)), global_step)
         self.history, self.updates = [], []
+
+    def check_finite(self, global_step, **arrays):
+        """Stop if a host array (an action, an observation) is not finite, naming it, or any non-finite metric."""
+        for name, array in arrays.items():
+            if not np.isfinite(array).all():
+                self.flush(global_step, cause=f"{name} at global_step {global_step}")
 
     def evaluate(self, global_step, policy):
         """Evaluate `policy` into evaluations.csv and TensorBoard, and print a progress line."""
@@ -843,4 +927,4 @@ class Run:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(parse_args())

@@ -41,37 +41,6 @@ def test_smoke_outputs(script, tiny_runs):
     assert load_checkpoint(run_dir)["global_step"] == steps[-1]
 
 
-BAD_INPUT = {
-    "unknown env": (["--env-id", "NoSuchEnv-v0"], "NoSuchEnv"),
-    "wrong action space": (["--env-id", "CartPole-v1"], "Discrete action space"),
-    "zero steps": (["--total-timesteps", "0"], "--total-timesteps must be positive"),
-    "negative buffer": (["--buffer-size", "-5"], "--buffer-size must be positive"),
-    "batch above buffer": (["--batch-size", "512", "--buffer-size", "100"], "--batch-size 512 is larger"),
-    "missing resume": (["--resume", "missing.pt"], "cannot read --resume file missing.pt"),
-    "garbage resume": (["--resume", "garbage.pt"], "cannot read --resume file garbage.pt"),
-    "mismatched resume": (["--batch-size", "64"], "was made with --batch-size 32, not 64"),
-}
-
-
-# The reverse for the discrete script: a continuous env.
-BAD_INPUT_FOR = {"sac_discrete": {"wrong action space": (["--env-id", "Pendulum-v1"], "Box action space")}}
-
-
-@pytest.mark.parametrize("case", BAD_INPUT)
-def test_bad_input_is_one_line(script, case, tmp_path, tiny_runs):
-    flags, expected = {**BAD_INPUT, **BAD_INPUT_FOR.get(script, {})}[case]
-    (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint")
-    if case == "mismatched resume":
-        flags = flags_with(TINY, resume=tiny_runs(script) / "checkpoint.pt", **{"batch_size": 64})
-    result = run_cli(script, flags, tmp_path, timeout=120)
-    assert result.returncode != 0
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert expected in lines[0], result.stderr
-    assert lines[0].startswith("error: "), result.stderr
-    assert not (tmp_path / "runs").exists()  # failed before any training
-
-
 def straight_run(script, cwd, monkeypatch, **overrides):
     return run_main(script, flags_with(TINY, **overrides), cwd, monkeypatch)
 
@@ -105,13 +74,14 @@ def assert_same(a, b, path="checkpoint"):
 
 
 def test_resume_continues_identically(script, tmp_path, monkeypatch):
-    """400 steps straight == 200 steps, then --resume for 200 more: networks, optimisers, replay buffer, RNGs,
-    env states and evaluations, bit for bit. (ERL: 1000 then 2000 steps, so that its generations of about 550
+    """400 steps straight == 300 steps (updates from 200 on), then --resume for 100 more: networks, optimisers, replay
+    buffer, RNGs, env states and evaluations, bit for bit. (ERL: 1000 then 2000 steps, so that its generations of about 550
     steps on Hopper fall on both sides of the break.)"""
-    half_steps, steps = (1000, 2000) if script == "erl_td3" else (200, 400)
-    straight = straight_run(script, tmp_path / "a", monkeypatch, total_timesteps=steps)
-    half = straight_run(script, tmp_path / "b", monkeypatch, total_timesteps=half_steps)
-    resumed = straight_run(script, tmp_path / "b", monkeypatch, total_timesteps=steps,
+    half_steps, steps = (1000, 2000) if script == "erl_td3" else (300, 400)
+    # Evaluations every 100 steps: the half run's final one falls on the straight run's schedule.
+    straight = straight_run(script, tmp_path / "a", monkeypatch, total_timesteps=steps, eval_freq=100)
+    half = straight_run(script, tmp_path / "b", monkeypatch, total_timesteps=half_steps, eval_freq=100)
+    resumed = straight_run(script, tmp_path / "b", monkeypatch, total_timesteps=steps, eval_freq=100,
                            resume=Path(half["run_dir"]) / "checkpoint.pt")
     assert half["global_step"] < steps
     assert resumed["run_dir"] == half["run_dir"]
@@ -129,7 +99,7 @@ def test_resume_continues_identically(script, tmp_path, monkeypatch):
 def test_truncation_stores_true_final_obs(script, env_id, terminate_at, tmp_path, monkeypatch):
     """The counter env's observation is its step count: every stored next_obs must be obs + 1, also at the
     7-step time limit, and only a true termination is stored as terminal."""
-    flags = flags_with(TINY, env_id=toy_env(script, env_id), total_timesteps=60, learning_starts=1000,
+    flags = flags_with(TINY, env_id=toy_env(script, env_id), total_timesteps=60, learning_starts=50, batch_size=16,
                        checkpoint_freq=60) + TWO_ENV_FLAGS.get(script, ["--num-envs", "2"])
     run = run_main(script, flags, tmp_path, monkeypatch)
     rb = load_checkpoint(run["run_dir"])["state"]["rb"]

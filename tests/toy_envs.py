@@ -10,15 +10,18 @@ class CounterEnv(gym.Env):
     after max_episode_steps. The action space is deliberately asymmetric (or Discrete(3) with discrete=True,
     for sac_discrete). The reward becomes
     `bad_reward` from step `bad_from` on, counting the steps of all counter envs in the process (a script's
-    global_step, give or take its evaluation episodes), to provoke a non-finite loss.
+    global_step, give or take its evaluation episodes), to provoke a non-finite loss; likewise the observation
+    becomes NaN from step `nan_obs_from` on (and the actions computed from it are then accepted unchecked).
     """
     steps_in_process = 0
 
-    def __init__(self, terminate_at=None, bad_from=None, bad_reward=float("inf"), discrete=False, render_mode=None):
+    def __init__(self, terminate_at=None, bad_from=None, bad_reward=float("inf"), nan_obs_from=None, discrete=False,
+                 render_mode=None):
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
         self.action_space = gym.spaces.Discrete(3) if discrete else gym.spaces.Box(
             np.array([0.0, -2.0], np.float32), np.array([1.0, 4.0], np.float32))
         self.terminate_at, self.bad_from, self.bad_reward = terminate_at, bad_from, bad_reward
+        self.nan_obs_from = nan_obs_from
         self.t = 0
 
     def reset(self, seed=None, options=None):
@@ -28,11 +31,16 @@ class CounterEnv(gym.Env):
 
     def step(self, action):
         discrete = self.action_space.shape == ()
-        assert self.action_space.contains(action if discrete else np.asarray(action, np.float32)), action
+        if not self.nan_obs(CounterEnv.steps_in_process):
+            assert self.action_space.contains(action if discrete else np.asarray(action, np.float32)), action
         self.t += 1
         CounterEnv.steps_in_process += 1
         reward = 1.0 if self.bad_from is None or CounterEnv.steps_in_process < self.bad_from else self.bad_reward
-        return np.array([self.t], np.float32), reward, self.t == self.terminate_at, False, {}
+        obs = np.nan if self.nan_obs(CounterEnv.steps_in_process) else self.t
+        return np.array([obs], np.float32), reward, self.t == self.terminate_at, False, {}
+
+    def nan_obs(self, step):
+        return self.nan_obs_from is not None and step >= self.nan_obs_from
 
 
 for prefix, discrete in [("", False), ("Discrete", True)]:
@@ -41,3 +49,5 @@ for prefix, discrete in [("", False), ("Discrete", True)]:
                  kwargs={"terminate_at": 4, "discrete": discrete})
     gym.register(f"{prefix}CounterInfReward-v0", CounterEnv, max_episode_steps=7,
                  kwargs={"bad_from": 300, "discrete": discrete})
+    gym.register(f"{prefix}CounterNanObs-v0", CounterEnv, max_episode_steps=7,
+                 kwargs={"nan_obs_from": 100, "discrete": discrete})
