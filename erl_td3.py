@@ -30,6 +30,7 @@ machinery, which changes nothing that is computed.
 """
 import contextlib
 import csv
+import datetime
 import io
 import itertools
 import json
@@ -63,8 +64,9 @@ class Args:
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
     """use the GPU if there is one"""
-    torch_threads: int = 0
-    """CPU threads for torch; 0 keeps torch's default (one per core)"""
+    torch_threads: int = 1
+    """CPU threads for torch: 1 does not slow down when other work shares the cores (README, Threads); 0 keeps
+    torch's default, one per core"""
     track: bool = False
     """log to Weights and Biases (set WANDB_MODE=offline to log without a network)"""
     wandb_project_name: str = "rl-baselines"
@@ -463,6 +465,7 @@ def main(args):
             injected = (inject(weights, biases, fitness, actors) if generation % args.rl_injection_interval == 0
                         else np.zeros(0, dtype=np.int64))
             run.log_generation(global_step, generation, fitness, fates, learner_returns)
+            run.progress(global_step, num_updates)
 
             done = global_step >= args.total_timesteps
             if crossed(global_step, args.eval_freq, global_step - generation_start) or done:
@@ -712,6 +715,8 @@ class Run:
         # Each update's metrics stay on the device until the next log, so that a non-finite one can be named with
         # its update and step without waiting for the device after every update.
         self.names, self.history, self.updates, self.sps_start = None, [], [], None
+        self.tty, self.reported, self.pending, self.eval_text = sys.stdout.isatty(), False, False, "-"
+        self.last_report = (time.time(), checkpoint["global_step"] if checkpoint else 0, 0)  # time, step, updates
         self.stop = []  # the signal that asks the run to stop, once one arrives
         self.handlers = {s: signal.signal(s, lambda signum, frame: self.stop.append(signum))
                          for s in (signal.SIGINT, signal.SIGTERM)}
@@ -721,6 +726,28 @@ class Run:
         """Env steps per second since the first update."""
         start_step, start_time = self.sps_start or (global_step, time.time())
         return (global_step - start_step) / max(time.time() - start_time, 1e-9)
+
+    def progress(self, global_step, num_updates):
+        """Env steps/s and updates/s since the last report, the last evaluation and the ETA: on a terminal a line
+        rewritten every second, in a log (Slurm, a sweep) a line after 10 s and then every minute."""
+        now, (then, last_step, last_updates) = time.time(), self.last_report
+        if now - then < (1.0 if self.tty else 60.0 if self.reported else 10.0):
+            return
+        sps, ups = (global_step - last_step) / (now - then), (num_updates - last_updates) / (now - then)
+        left = max(self.args.total_timesteps - global_step, 0)
+        eta = datetime.timedelta(seconds=int(left / sps)) if sps else "-"
+        line = (f"step {global_step}/{self.args.total_timesteps} ({1 - left / self.args.total_timesteps:.0%}) | "
+                f"{sps:.0f} steps/s | {ups:.0f} updates/s | last eval {self.eval_text} | ETA {eta}")
+        if self.tty:  # rewritten in place until a line of its own (self.say) follows
+            print("\r\033[K" + line, end="", flush=True)
+        else:
+            self.say(line)
+        self.last_report, self.reported, self.pending = (now, global_step, num_updates), True, self.tty
+
+    def say(self, line):
+        """Print a line of its own; on a terminal, in place of the progress line."""
+        print(("\r\033[K" if self.pending else "") + line, flush=True)
+        self.pending = False
 
     def log_generation(self, global_step, generation, fitness, fates, learner_returns):
         for statistic in ("max", "mean", "min"):
@@ -782,9 +809,10 @@ class Run:
         self.result = {"run_dir": self.dir, "global_step": global_step, "eval_mean": mean, "eval_std": std,
                        "learner_eval_mean": learner_mean}
         sps = self.sps(global_step) if self.sps_start else 0.0
-        eta = f"{(self.args.total_timesteps - global_step) / sps / 60:.1f} min" if sps else "-"
-        print(f"step {global_step}/{self.args.total_timesteps} | eval return {mean:.1f} +- {std:.1f} (learner "
-              f"{learner_mean:.1f}) | SPS {sps:.0f} | ETA {eta}", flush=True)
+        eta = datetime.timedelta(seconds=int(max(self.args.total_timesteps - global_step, 0) / sps)) if sps else "-"
+        self.eval_text = f"{mean:.1f} +- {std:.1f} (learner {learner_mean:.1f})"
+        self.say(f"step {global_step}/{self.args.total_timesteps} | eval return {self.eval_text} | SPS {sps:.0f} | "
+                 f"ETA {eta}")
 
     def elapsed(self):
         return self.wall_time + time.time() - self.start_time
@@ -839,6 +867,8 @@ class Run:
                    os.path.join(self.dir, "model.pt"))
 
     def close(self):
+        if self.pending:  # end the progress line before any last message
+            print()
         for s, handler in self.handlers.items():
             signal.signal(s, handler)
         self.writer.close()

@@ -30,6 +30,7 @@ machinery, which changes nothing that is computed.
 import copy
 import contextlib
 import csv
+import datetime
 import io
 import itertools
 import json
@@ -65,8 +66,9 @@ class Args:
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
     """use the GPU if there is one"""
-    torch_threads: int = 0
-    """CPU threads for torch; 0 keeps torch's default (one per core)"""
+    torch_threads: int = 1
+    """CPU threads for torch: 1 does not slow down when other work shares the cores (README, Threads); 0 keeps
+    torch's default, one per core"""
     track: bool = False
     """log to Weights and Biases (set WANDB_MODE=offline to log without a network)"""
     wandb_project_name: str = "rl-baselines"
@@ -413,8 +415,7 @@ def main(args):
     rb = LAPReplayBuffer(capacity, obs_dim, act_dim, device)
     if args.offline and not checkpoint:
         rb.add(*(dataset[key] for key in ("observations", "actions", "rewards", "terminals", "next_observations")))
-    policy = CheckpointPolicy()  # TD7's policy checkpoints (online only): when to train, which policy to keep
-    use_checkpoints = args.checkpoints and not args.offline
+    policy, use_checkpoints = CheckpointPolicy(), args.checkpoints and not args.offline  # TD7's, online only
     # Everything a checkpoint holds besides the loop's counters and the envs: --resume restores exactly these.
     state = {"encoder": encoder, "actor": actor, "qf": qf, "fixed_encoder": fixed_encoder,
              "fixed_encoder_target": fixed_encoder_target, "checkpoint_encoder": checkpoint_encoder,
@@ -490,6 +491,7 @@ def main(args):
                 run.record(global_step, num_updates, qf_loss=qf_loss, actor_loss=actor_loss, encoder_loss=encoder_loss,
                            qf1_values=qf_values[0], qf2_values=qf_values[1])
 
+            run.progress(global_step, num_updates)
             done = global_step >= args.total_timesteps
             if crossed(global_step, args.eval_freq, args.num_envs) or done:
                 run.evaluate(global_step, lambda o: eval_actor(o, eval_encoder.zs(o)))
@@ -786,6 +788,8 @@ class Run:
         # Each update's metrics stay on the device until the next log, so that a non-finite one can be named with
         # its update and step without waiting for the device after every update.
         self.names, self.history, self.updates, self.sps_start = None, [], [], None
+        self.tty, self.reported, self.pending, self.eval_text = sys.stdout.isatty(), False, False, "-"
+        self.last_report = (time.time(), checkpoint["global_step"] if checkpoint else 0, 0)  # time, step, updates
         self.stop = []  # the signal that asks the run to stop, once one arrives
         self.handlers = {s: signal.signal(s, lambda signum, frame: self.stop.append(signum))
                          for s in (signal.SIGINT, signal.SIGTERM)}
@@ -795,6 +799,28 @@ class Run:
         """Env steps per second since the first update."""
         start_step, start_time = self.sps_start or (global_step, time.time())
         return (global_step - start_step) / max(time.time() - start_time, 1e-9)
+
+    def progress(self, global_step, num_updates):
+        """Env steps/s and updates/s since the last report, the last evaluation and the ETA: on a terminal a line
+        rewritten every second, in a log (Slurm, a sweep) a line after 10 s and then every minute."""
+        now, (then, last_step, last_updates) = time.time(), self.last_report
+        if now - then < (1.0 if self.tty else 60.0 if self.reported else 10.0):
+            return
+        sps, ups = (global_step - last_step) / (now - then), (num_updates - last_updates) / (now - then)
+        left = max(self.args.total_timesteps - global_step, 0)
+        eta = datetime.timedelta(seconds=int(left / sps)) if sps else "-"
+        line = (f"step {global_step}/{self.args.total_timesteps} ({1 - left / self.args.total_timesteps:.0%}) | "
+                f"{sps:.0f} steps/s | {ups:.0f} updates/s | last eval {self.eval_text} | ETA {eta}")
+        if self.tty:  # rewritten in place until a line of its own (self.say) follows
+            print("\r\033[K" + line, end="", flush=True)
+        else:
+            self.say(line)
+        self.last_report, self.reported, self.pending = (now, global_step, num_updates), True, self.tty
+
+    def say(self, line):
+        """Print a line of its own; on a terminal, in place of the progress line."""
+        print(("\r\033[K" if self.pending else "") + line, flush=True)
+        self.pending = False
 
     def log_episode(self, global_step, episode_return, episode_length):
         self.writer.add_scalar("charts/episodic_return", episode_return, global_step)
@@ -848,9 +874,10 @@ class Run:
                                     " ".join(f"{r:.2f}" for r in returns)])
         self.result = {"run_dir": self.dir, "global_step": global_step, "eval_mean": mean, "eval_std": std}
         sps = self.sps(global_step) if self.sps_start else 0.0
-        eta = f"{(self.args.total_timesteps - global_step) / sps / 60:.1f} min" if sps else "-"
-        print(f"step {global_step}/{self.args.total_timesteps} | eval return {mean:.1f} +- {std:.1f} | SPS {sps:.0f} "
-              f"| ETA {eta}", flush=True)
+        eta = datetime.timedelta(seconds=int(max(self.args.total_timesteps - global_step, 0) / sps)) if sps else "-"
+        self.eval_text = f"{mean:.1f} +- {std:.1f}"
+        self.say(f"step {global_step}/{self.args.total_timesteps} | eval return {self.eval_text} | SPS {sps:.0f} | "
+                 f"ETA {eta}")
 
     def elapsed(self):
         return self.wall_time + time.time() - self.start_time
@@ -917,6 +944,8 @@ class Run:
                     "args": asdict(self.args)}, os.path.join(self.dir, "model.pt"))
 
     def close(self):
+        if self.pending:  # end the progress line before any last message
+            print()
         for s, handler in self.handlers.items():
             signal.signal(s, handler)
         self.writer.close()

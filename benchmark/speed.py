@@ -56,7 +56,9 @@ def main():
     parser.add_argument("--devices", nargs="+", help="cpu and/or cuda (default: cpu, and cuda if present)")
     parser.add_argument("--updates", type=int, default=5000)
     parser.add_argument("--repeats", type=int, default=3, help="runs per script and device; the median is reported")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: one per core)")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: the script's default)")
+    parser.add_argument("--load", type=int, default=0, help="busy processes running beside the measurement, as on a "
+                        "shared machine (default: 0)")
     parser.add_argument("--out", default=str(REPO / "benchmark" / "results" / "speed.md"))
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -67,6 +69,7 @@ def main():
     devices = args.devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
     machine = torch.cuda.get_device_name() if "cuda" in devices else f"{platform.processor() or platform.machine()}"
     rows = []
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
     for script in args.scripts:
         for device in devices:
             runs = []
@@ -82,8 +85,10 @@ def main():
             rows.append(f"| {script} | {device} | {statistics.median(sps):.0f} | {sps[0]:.0f}-{sps[-1]:.0f} | "
                         f"{max(m['peak_rss_mib'] for m in runs):.0f} | {cuda} |")
             print(rows[-1], flush=True)
+    for process in busy:
+        process.kill()
     header = (f"\n## {datetime.date.today()}: {os.cpu_count()} cores, {machine}, torch {torch.__version__}, "
-              f"{args.threads or 'default'} threads, {args.updates} updates, "
+              f"{args.threads or 'default'} threads, {args.load} busy processes beside, {args.updates} updates, "
               f"median of {args.repeats} runs\n\n"
               "| script | device | steps/s (median) | range | peak RSS (MiB) | peak CUDA (MiB) |\n"
               "|---|---|---|---|---|---|\n")

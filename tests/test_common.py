@@ -1,7 +1,10 @@
-"""What every script must do the same way: outputs, bad input, resume, determinism,
-signals, the NaN guard, truncation handling, wandb and video. Parametrised over the scripts."""
+"""What every script must do the same way: outputs, resume, determinism, signals, the NaN guard, truncation
+handling, progress, wandb and video. Parametrised over the scripts (bad input: tests/test_bad_input.py)."""
 import csv
+import importlib
+import itertools
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -75,8 +78,8 @@ def assert_same(a, b, path="checkpoint"):
 
 def test_resume_continues_identically(script, tmp_path, monkeypatch):
     """400 steps straight == 300 steps (updates from 200 on), then --resume for 100 more: networks, optimisers, replay
-    buffer, RNGs, env states and evaluations, bit for bit. (ERL: 1000 then 2000 steps, so that its generations of about 550
-    steps on Hopper fall on both sides of the break.)"""
+    buffer, RNGs, env states and evaluations, bit for bit. (ERL: 1000 then 2000 steps, so that its generations of
+    about 550 steps on Hopper fall on both sides of the break.)"""
     half_steps, steps = (1000, 2000) if script == "erl_td3" else (300, 400)
     # Evaluations every 100 steps: the half run's final one falls on the straight run's schedule.
     straight = straight_run(script, tmp_path / "a", monkeypatch, total_timesteps=steps, eval_freq=100)
@@ -181,3 +184,34 @@ def test_capture_video_writes_frames(script, tmp_path):
     frames = [frame for frame in imageio.get_reader(videos[0])]
     assert len(frames) > 1
     assert np.asarray(frames[0]).std() > 0  # real frames of a real scene, not blank
+
+
+def fake_clock(module, monkeypatch):
+    """A clock that moves 7 s at each reading, so that a tiny run looks like a long one to the progress display."""
+    clock = itertools.count(start=1.8e9, step=7.0)
+    monkeypatch.setattr(module.time, "time", lambda: next(clock))
+
+
+def test_progress_in_a_log(script, tmp_path, monkeypatch, capsys):
+    """Not a terminal (a log, Slurm): plain progress lines with the step, env steps/s, updates/s, the last evaluation
+    and the ETA, also during the random phase."""
+    fake_clock(importlib.import_module(script), monkeypatch)
+    run_main(script, flags_with(TINY, eval_freq=0), tmp_path, monkeypatch)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "steps/s" in line]
+    pattern = r"step (\d+)/400 \(\d+%\) \| \d+ steps/s \| (\d+) updates/s \| last eval - \| ETA (\d+:\d\d:\d\d|-)"
+    assert lines
+    assert all(re.fullmatch(pattern, line) for line in lines), lines
+    if script != "erl_td3":  # ERL reports at its generations' ends and has no random phase
+        assert min(int(re.fullmatch(pattern, line).group(1)) for line in lines) <= 200  # before learning starts
+
+
+def test_progress_on_a_terminal(script, tmp_path, monkeypatch, capsys):
+    """On a terminal the progress line is rewritten in place, an evaluation line replaces it, and the run leaves the
+    cursor on a fresh line."""
+    fake_clock(importlib.import_module(script), monkeypatch)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    run_main(script, flags_with(TINY, eval_freq=0), tmp_path, monkeypatch)
+    out = capsys.readouterr().out
+    assert "\r\033[Kstep " in out
+    assert re.search(r"\r\033\[Kstep \d+/400 \| eval return ", out)  # the final evaluation, over the progress line
+    assert out.endswith("\n")
