@@ -39,8 +39,8 @@ def child(script, device, updates, threads):
     spec.loader.exec_module(module)
     flags = ["--env-id", WORKLOAD_ENV[script], "--batch-size", "256", "--learning-starts", "1000",
              "--total-timesteps", str(1000 + updates), "--eval-freq", "0", "--eval-episodes", "1",
-             "--checkpoint-freq", "0", "--torch-threads", str(threads),
-             "--cuda" if device == "cuda" else "--no-cuda"]
+             "--checkpoint-freq", "0", "--cuda" if device == "cuda" else "--no-cuda"]
+    flags += [] if threads is None else ["--torch-threads", str(threads)]
     flags += [] if script == "erl_td3.py" else ["--log-freq", "500"]  # ERL logs once per generation
     summary = module.main(tyro.cli(module.Args, args=flags))
     events = EventAccumulator(summary["run_dir"], size_guidance={"scalars": 0})
@@ -56,7 +56,8 @@ def main():
     parser.add_argument("--devices", nargs="+", help="cpu and/or cuda (default: cpu, and cuda if present)")
     parser.add_argument("--updates", type=int, default=5000)
     parser.add_argument("--repeats", type=int, default=3, help="runs per script and device; the median is reported")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: the script's default)")
+    parser.add_argument("--threads", type=int, help="--torch-threads for the scripts (default: theirs, 1; 0: torch's "
+                        "default, one per core)")
     parser.add_argument("--load", type=int, default=0, help="busy processes running beside the measurement, as on a "
                         "shared machine (default: 0)")
     parser.add_argument("--out", default=str(REPO / "benchmark" / "results" / "speed.md"))
@@ -64,6 +65,7 @@ def main():
     args = parser.parse_args()
     if args.child:
         return child(args.child[0], args.child[1], args.updates, args.threads)
+    threads = [] if args.threads is None else ["--threads", str(args.threads)]
     import torch
 
     devices = args.devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
@@ -75,7 +77,7 @@ def main():
             runs = []
             for _ in range(args.repeats):
                 out = subprocess.run([sys.executable, __file__, "--child", script, device, "--updates",
-                                      str(args.updates), "--threads", str(args.threads)],
+                                      str(args.updates), *threads],
                                      capture_output=True, text=True, cwd=tempfile.mkdtemp())
                 if out.returncode:
                     sys.exit(f"{script} on {device} failed:\n{out.stderr[-2000:]}")
@@ -88,7 +90,8 @@ def main():
     for process in busy:
         process.kill()
     header = (f"\n## {datetime.date.today()}: {os.cpu_count()} cores, {machine}, torch {torch.__version__}, "
-              f"{args.threads or 'default'} threads, {args.load} busy processes beside, {args.updates} updates, "
+              f"--torch-threads {'default' if args.threads is None else args.threads}, {args.load} busy processes "
+              f"beside, {args.updates} updates, "
               f"median of {args.repeats} runs\n\n"
               "| script | device | steps/s (median) | range | peak RSS (MiB) | peak CUDA (MiB) |\n"
               "|---|---|---|---|---|---|\n")
