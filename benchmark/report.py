@@ -1,14 +1,17 @@
 """Tables and learning curves from the runs' evaluations.csv, beside the published reference numbers.
 
-    python benchmark/report.py                                   # runs/ -> benchmark/results/report.md + PNGs
-    python benchmark/report.py --runs runs --steps 300000 1000000 --iqm --out benchmark/results
+    python benchmark/report.py sweeps/td3_continuous sweeps/sac_continuous --steps 100000 --out benchmark/results
+    python benchmark/report.py runs --steps 300000 1000000 --iqm --seed-lines
 
+It reads the directories it is given: each a sweep's directory (holding runs/) or a folder of run directories.
 For each algorithm (the run's exp_name) and env, and each step S of --steps, a run's score is the mean return
-of its last evaluation at or before S, counted only if the run reached S. Over seeds the table gives the mean
-and a 95% confidence interval (Student's t; with --iqm, the interquartile mean instead of the mean), and the
-reference numbers of benchmark/reference.csv for that algorithm, env and step. The curves (one PNG per env, one
-line per algorithm: the mean over seeds with its 95% band, each run interpolated on a common grid over the steps
-that all its runs cover) need matplotlib, the optional `plot` extra.
+of its last evaluation at or before S, counted only if the run reached S; with several runs of one seed, the one
+that went furthest counts. Over seeds the table gives the mean and a 95% confidence interval (Student's t; with
+--iqm, the interquartile mean instead of the mean), how many seeds reached S, and the reference numbers of
+benchmark/reference.csv for that algorithm, env and step. The curves (one PNG per env, one colour per algorithm:
+the mean over the seeds that reached each evaluation step, shaded between the lowest and highest seed, and the
+reference numbers as markers at their step) need matplotlib, the optional `plot` extra; without it the tables
+are written and the plots skipped.
 """
 import argparse
 import csv
@@ -25,20 +28,27 @@ T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.
        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
 
 
-def read_runs(runs_dir):
-    """{(algorithm, env_id): [(seed, steps array, mean returns array)]} from runs_dir/*/{args.json,evaluations.csv}."""
+def read_runs(*directories):
+    """{(algorithm, env_id): [(seed, steps array, mean returns array)]}, one entry per seed (the run that went
+    furthest), from each directory's runs/*/ (a sweep) or */ (a folder of runs) args.json and evaluations.csv."""
+    best = {}
+    for directory in directories:
+        folder = Path(directory) / "runs" if (Path(directory) / "runs").is_dir() else Path(directory)
+        for path in sorted(folder.glob("*/evaluations.csv")):
+            try:
+                args = json.loads((path.parent / "args.json").read_text())
+                with open(path, newline="") as f:
+                    rows = list(csv.DictReader(f))
+                steps = np.array([int(r["global_step"]) for r in rows])
+                returns = np.array([float(r["mean_return"]) for r in rows])
+            except (OSError, ValueError, KeyError):
+                continue
+            key = (args["exp_name"], args["env_id"], args["seed"])
+            if len(steps) and (key not in best or steps[-1] > best[key][1][-1]):
+                best[key] = (args["seed"], steps, returns)
     runs = defaultdict(list)
-    for path in sorted(Path(runs_dir).glob("*/evaluations.csv")):
-        try:
-            args = json.loads((path.parent / "args.json").read_text())
-            with open(path, newline="") as f:
-                rows = list(csv.DictReader(f))
-        except (OSError, ValueError):
-            continue
-        if rows:
-            steps = np.array([int(r["global_step"]) for r in rows])
-            returns = np.array([float(r["mean_return"]) for r in rows])
-            runs[(args["exp_name"], args["env_id"])].append((args["seed"], steps, returns))
+    for (algorithm, env_id, _), run in sorted(best.items(), key=lambda item: str(item[0])):
+        runs[(algorithm, env_id)].append(run)
     return runs
 
 
@@ -85,38 +95,60 @@ def table(runs, steps, use_iqm=False, reference=None):
             refs = [f"{r['mean']}" + (f" +- {r['std']}" if r["std"] else "") + f" ({r['measure']}; {r['source']})"
                     for r in reference if r["algorithm"] == algorithm and r["env_id"] == env_id
                     and int(r["step"]) == step]
+            seeds = f"{len(scores)}" if len(scores) == len(group) else f"{len(scores)} of {len(group)} reached"
             if not scores:
-                lines.append(f"| {algorithm} | {env_id} | - | - | 0 of {len(group)} reached | {'<br>'.join(refs)} |")
+                lines.append(f"| {algorithm} | {env_id} | - | - | {seeds} | {'<br>'.join(refs)} |")
                 continue
             centre, half, n = summarise(scores, use_iqm)
             interval = f"[{centre - half:.1f}, {centre + half:.1f}]" if half is not None else "-"
-            lines.append(f"| {algorithm} | {env_id} | {centre:.1f} | {interval} | {n} | {'<br>'.join(refs)} |")
+            lines.append(f"| {algorithm} | {env_id} | {centre:.1f} | {interval} | {seeds} | {'<br>'.join(refs)} |")
         lines.append("")
     return "\n".join(lines)
 
 
-def curves(runs, out_dir, points=100):
-    """One PNG per env: per algorithm, the mean over seeds and its 95% band on a common grid of steps."""
+def curve(group):
+    """On the union of the seeds' evaluation steps: the number of seeds that reached each step, their mean, lowest
+    and highest return there (each seed interpolated between its own evaluations, never beyond its last)."""
+    grid = np.unique(np.concatenate([steps for _, steps, _ in group]))
+    values = np.array([np.where((grid >= st[0]) & (grid <= st[-1]), np.interp(grid, st, r), np.nan)
+                       for _, st, r in group])
+    count = (~np.isnan(values)).sum(0)
+    grid, values, count = grid[count > 0], values[:, count > 0], count[count > 0]
+    return grid, count, np.nanmean(values, 0), np.nanmin(values, 0), np.nanmax(values, 0), values
+
+
+def plot_env(ax, runs, env_id, reference, seed_lines=False):
+    """Draw one env's curves on `ax`: per algorithm its mean, shaded between its lowest and highest seed in the
+    line's own colour, optionally each seed as a thin line, and its reference numbers as star markers."""
+    for (algorithm, env), group in sorted(runs.items()):
+        if env != env_id:
+            continue
+        grid, count, mean, low, high, values = curve(group)
+        seeds = f"{count.max()} seeds" if count.min() == count.max() else f"{count.min()}-{count.max()} seeds"
+        (line,) = ax.plot(grid, mean, marker="o" if len(grid) == 1 else None, label=f"{algorithm} ({seeds})")
+        ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+        for row in values if seed_lines else []:
+            ax.plot(grid, row, color=line.get_color(), linewidth=0.5, alpha=0.6)
+        for r in reference:
+            if r["algorithm"] == algorithm and r["env_id"] == env_id:
+                ax.errorbar(int(r["step"]), float(r["mean"]), yerr=float(r["std"] or 0), color=line.get_color(),
+                            marker="*", markersize=10, capsize=3, linestyle="none")
+    ax.set(title=env_id, xlabel="env steps", ylabel="evaluation return (mean; shaded: lowest to highest seed)")
+    ax.legend(fontsize="small")
+
+
+def curves(runs, out_dir, reference=None, seed_lines=False):
+    """One PNG per env (see plot_env); returns their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    reference = read_reference() if reference is None else reference
     written = []
     for env_id in sorted({env for _, env in runs}):
         fig, ax = plt.subplots(figsize=(6, 4))
-        for (algorithm, env), group in sorted(runs.items()):
-            if env != env_id:
-                continue
-            grid = np.linspace(max(st[0] for _, st, _ in group), min(st[-1] for _, st, _ in group), points)
-            values = np.array([np.interp(grid, st, r) for _, st, r in group])
-            mean = values.mean(0)
-            ax.plot(grid, mean, label=f"{algorithm} ({len(group)} seeds)")
-            if len(group) > 1:
-                half = np.array([summarise(column)[1] for column in values.T])
-                ax.fill_between(grid, mean - half, mean + half, alpha=0.2)
-        ax.set(title=env_id, xlabel="env steps", ylabel="evaluation return")
-        ax.legend()
+        plot_env(ax, runs, env_id, reference, seed_lines)
         fig.tight_layout()
         path = Path(out_dir) / f"{env_id.replace('/', '-').replace(':', '-')}.png"
         fig.savefig(path, dpi=100)
@@ -126,26 +158,31 @@ def curves(runs, out_dir, points=100):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", default="runs", help="the folder of run directories")
-    parser.add_argument("--steps", nargs="+", type=int, default=[300_000, 1_000_000])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("directories", nargs="+", help="sweep directories (holding runs/) or folders of runs")
+    parser.add_argument("--steps", nargs="+", type=int, default=[300_000, 1_000_000], help="the steps of the tables")
     parser.add_argument("--iqm", action="store_true", help="interquartile mean over seeds instead of the mean")
     parser.add_argument("--out", default="benchmark/results", help="folder for report.md and the PNGs")
-    parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--no-plots", action="store_true", help="write the tables only")
+    parser.add_argument("--seed-lines", action="store_true", help="draw each seed's curve as a thin line too")
     args = parser.parse_args(argv)
-    runs = read_runs(args.runs)
+    runs = read_runs(*args.directories)
     if not runs:
-        raise SystemExit(f"error: no runs with an evaluations.csv in {args.runs}")
+        raise SystemExit(f"error: no runs with an evaluations.csv in {', '.join(args.directories)}")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     report = Path(args.out) / "report.md"
-    report.write_text(f"# Returns from {args.runs}\n\n" + table(runs, args.steps, args.iqm))
+    report.write_text(f"# Returns from {', '.join(args.directories)}\n\n" + table(runs, args.steps, args.iqm))
     print(f"wrote {report}")
-    if not args.no_plots:
-        try:
-            for path in curves(runs, args.out):
-                print(f"wrote {path}")
-        except ImportError:
-            raise SystemExit("error: the learning curves need matplotlib: pip install \".[plot]\" (or use --no-plots)")
+    if args.no_plots:
+        return
+    try:
+        paths = curves(runs, args.out, seed_lines=args.seed_lines)
+    except ImportError:
+        print("plots skipped: the learning curves need matplotlib (pip install \".[plot]\")")
+        return
+    for path in paths:
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

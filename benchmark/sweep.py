@@ -8,10 +8,11 @@
 --envs takes env ids or the names of sets (mujoco, classic, atari); without it, a script runs on its own set
 (classic for sac_discrete.py, mujoco for the others), with seeds 1 2 3 unless --seeds says otherwise. Each run
 gets --env-id, --seed and --torch-threads (the CPUs this process may use, shared among the workers; OMP and MKL
-threads likewise), plus the flags after `--`. A run is skipped when runs/ already holds its finished result (an
+threads likewise), plus the flags after `--`. A sweep owns its directory, --dir (default: sweeps/{exp_name}): its
+runs go to {dir}/runs/ and their logs to {dir}/logs/{exp_name}__{env}__{seed}.log, so that ad-hoc runs in ./runs
+and other sweeps never mix with it. A run is skipped when the sweep's runs/ already holds its finished result (an
 evaluations.csv whose last row reached the run's total_timesteps), and an unfinished run that left a checkpoint.pt
-is resumed from it, so a sweep can simply be started again after an interruption or a pre-emption. Logs go to
-benchmark/logs/{exp_name}__{env}__{seed}.log.
+is resumed from it, so a sweep can simply be started again after an interruption or a pre-emption.
 
 With --slurm, the same runs become one `sbatch` job array: task i runs this file in local mode for the i-th
 (env, seed), so skipping and resuming work the same way there. Slurm sends SIGTERM --signal-before seconds
@@ -64,13 +65,14 @@ def exp_name_of(script, flags):
     return flags[flags.index("--exp-name") + 1] if "--exp-name" in flags else Path(script).stem
 
 
-def run_one(script, env_id, seed, flags, threads, logs, checkpoint=None):
+def run_one(script, env_id, seed, flags, threads, directory, logs, checkpoint=None):
+    """One run, in the sweep's directory (so into its runs/), its output into the sweep's log of that run."""
     log = Path(logs) / f"{exp_name_of(script, flags)}__{env_id.replace('/', '-')}__{seed}.log"
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     cmd = [sys.executable, str(REPO / script), "--env-id", env_id, "--seed", str(seed), "--torch-threads", str(threads),
-           *flags, *(["--resume", str(checkpoint)] if checkpoint else [])]
+           *flags, *(["--resume", str(Path(checkpoint).resolve())] if checkpoint else [])]
     with open(log, "a" if checkpoint else "w") as out:
-        return subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode, log
+        return subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=directory).returncode, log
 
 
 def run_local(args, flags, runs):
@@ -80,7 +82,7 @@ def run_local(args, flags, runs):
     exp_name = exp_name_of(args.script, flags)
     todo, skipped = [], 0
     for env_id, seed in runs:
-        state, checkpoint = state_of("runs", env_id, exp_name, seed)
+        state, checkpoint = state_of(Path(args.dir) / "runs", env_id, exp_name, seed)
         if state == "finished":
             skipped += 1
         else:
@@ -89,7 +91,8 @@ def run_local(args, flags, runs):
           f"{args.workers} at a time, {threads} threads each", flush=True)
     failed = []
     with ThreadPoolExecutor(args.workers) as pool:
-        futures = {pool.submit(run_one, args.script, e, s, flags, threads, args.logs, c): (e, s) for e, s, c in todo}
+        futures = {pool.submit(run_one, args.script, e, s, flags, threads, args.dir, args.logs, c): (e, s)
+                   for e, s, c in todo}
         for future, (env_id, seed) in futures.items():
             returncode, log = future.result()
             print(f"{'done  ' if returncode == 0 else 'FAILED'} {env_id} seed {seed}" +
@@ -114,17 +117,17 @@ def slurm_job(args, flags, runs):
     directives += args.sbatch_arg
     lines = ["#!/usr/bin/env bash"] + [f"#SBATCH {d}" for d in directives]
     lines += [f"ENVS=({' '.join(shlex.quote(e) for e, _ in runs)})", f"SEEDS=({' '.join(str(s) for _, s in runs)})",
-              f"cd {shlex.quote(str(Path.cwd()))}",
               f"exec {shlex.quote(sys.executable)} {shlex.quote(str(Path(__file__).resolve()))} "
               f"{shlex.quote(args.script)} --envs \"${{ENVS[$SLURM_ARRAY_TASK_ID]}}\" "
-              f"--seeds \"${{SEEDS[$SLURM_ARRAY_TASK_ID]}}\" --workers 1 --logs {shlex.quote(str(logs))} -- "
+              f"--seeds \"${{SEEDS[$SLURM_ARRAY_TASK_ID]}}\" --workers 1 "
+              f"--dir {shlex.quote(str(Path(args.dir).resolve()))} --logs {shlex.quote(str(logs))} -- "
               + " ".join(shlex.quote(f) for f in flags)]
     return "\n".join(lines) + "\n"
 
 
 def run_slurm(args, flags, runs):
     exp_name = exp_name_of(args.script, flags)
-    todo = [(e, s) for e, s in runs if state_of("runs", e, exp_name, s)[0] != "finished"]
+    todo = [(e, s) for e, s in runs if state_of(Path(args.dir) / "runs", e, exp_name, s)[0] != "finished"]
     print(f"{len(todo)} runs to submit, {len(runs) - len(todo)} already finished", flush=True)
     if not todo:
         return
@@ -137,7 +140,7 @@ def run_slurm(args, flags, runs):
         sys.exit(f"sbatch failed: {result.stderr.strip()}")
     print(f"submitted job array {job_id} ({len(todo)} tasks): {job_file}; logs in {args.logs}", flush=True)
     if args.wait:
-        missing = [(e, s) for e, s in todo if state_of("runs", e, exp_name, s)[0] != "finished"]
+        missing = [(e, s) for e, s in todo if state_of(Path(args.dir) / "runs", e, exp_name, s)[0] != "finished"]
         if missing or result.returncode:
             sys.exit(f"{len(missing)} of {len(todo)} runs did not finish: " +
                      ", ".join(f"{e} seed {s}" for e, s in missing) + f" (see {args.logs}/slurm-{job_id}_*.out)")
@@ -151,7 +154,9 @@ def main(argv=None):
                         "sac_discrete.py, mujoco for the others)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="default: 1 2 3")
     parser.add_argument("--workers", type=int, default=1, help="local runs at a time")
-    parser.add_argument("--logs", default="benchmark/logs")
+    parser.add_argument("--dir", help="the sweep's directory, which holds its runs/ and logs/ (default: "
+                        "sweeps/{exp_name}); runs outside it are never skipped, resumed or reported with it")
+    parser.add_argument("--logs", help="the runs' logs and Slurm's output (default: {dir}/logs)")
     slurm = parser.add_argument_group("Slurm (with --slurm)")
     slurm.add_argument("--slurm", action="store_true", help="submit the runs as a Slurm job array")
     slurm.add_argument("--time", default="24:00:00", help="time limit per run")
@@ -174,7 +179,10 @@ def main(argv=None):
     names = args.envs or (["classic"] if Path(args.script).stem == "sac_discrete" else ["mujoco"])
     envs = [env for name in names for env in ENV_SETS.get(name, [name])]
     runs = [(env_id, seed) for env_id in envs for seed in args.seeds]
-    Path(args.logs).mkdir(parents=True, exist_ok=True)
+    args.dir = args.dir or str(Path("sweeps") / exp_name_of(args.script, flags))
+    args.logs = args.logs or str(Path(args.dir) / "logs")
+    for folder in (args.dir, args.logs):
+        Path(folder).mkdir(parents=True, exist_ok=True)
     (run_slurm if args.slurm else run_local)(args, flags, runs)
 
 

@@ -15,6 +15,7 @@ import pytest
 from benchmark import report
 from tests.conftest import REPO, cli_env, flags_with
 
+SWEEP = "sweeps/td3_continuous"  # the default directory of a td3_continuous.py sweep, below the sweep's cwd
 FLAGS = ["--", "--total-timesteps", "300", "--learning-starts", "100", "--batch-size", "32", "--eval-episodes", "1",
          "--no-cuda", "--checkpoint-freq", "0"]
 
@@ -30,8 +31,8 @@ def test_sweep_reports_failures_and_skips_finished_runs(tmp_path):
     assert first.returncode == 1
     assert all(f"done   tests.toy_envs:Counter-v0 seed {s}" in first.stdout for s in (1, 2))
     assert "2 of 4 runs failed: NoSuchEnv-v0 seed 1, NoSuchEnv-v0 seed 2" in first.stderr
-    assert "cannot make --env-id" in (tmp_path / "benchmark/logs/td3_continuous__NoSuchEnv-v0__1.log").read_text()
-    assert len(list((tmp_path / "runs").glob("*/evaluations.csv"))) == 2
+    assert "cannot make --env-id" in (tmp_path / SWEEP / "logs/td3_continuous__NoSuchEnv-v0__1.log").read_text()
+    assert len(list((tmp_path / SWEEP / "runs").glob("*/evaluations.csv"))) == 2
     again = sweep(tmp_path, ["tests.toy_envs:Counter-v0"])
     assert again.returncode == 0
     assert "0 runs to do (0 resumed), 2 already finished" in again.stdout
@@ -42,13 +43,13 @@ def test_sweep_resumes_an_unfinished_run(tmp_path):
     says 300, which is what such a run leaves) is resumed from its checkpoint.pt, not started again."""
     flags = flags_with(FLAGS, total_timesteps=150, checkpoint_freq=150)
     assert sweep(tmp_path, ["tests.toy_envs:Counter-v0"], "--workers", "2", flags=flags).returncode == 0
-    run = next((tmp_path / "runs").glob("*__1__*"))
+    run = next((tmp_path / SWEEP / "runs").glob("*__1__*"))
     args = json.loads((run / "args.json").read_text())
     (run / "args.json").write_text(json.dumps({**args, "total_timesteps": 300}))
     again = sweep(tmp_path, ["tests.toy_envs:Counter-v0"], "--workers", "2", flags=FLAGS)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "1 runs to do (1 resumed), 1 already finished" in again.stdout, again.stdout
-    log = (tmp_path / "benchmark/logs/td3_continuous__tests.toy_envs:Counter-v0__1.log").read_text()
+    log = (tmp_path / SWEEP / "logs/td3_continuous__tests.toy_envs:Counter-v0__1.log").read_text()
     assert f"resumed {run} at global_step 150" in log
     assert (run / "evaluations.csv").read_text().splitlines()[-1].startswith("300,")
 
@@ -68,9 +69,9 @@ def test_sweep_on_slurm(tmp_path):
                    "--mem", "1G", "--wait", timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "all 2 runs finished" in result.stdout
-    assert "#SBATCH --array=0-1" in (tmp_path / "benchmark/logs/td3_continuous.sbatch").read_text()
+    assert "#SBATCH --array=0-1" in (tmp_path / SWEEP / "logs/td3_continuous.sbatch").read_text()
     for seed in (1, 2):
-        (run,) = (tmp_path / "runs").glob(f"tests.toy_envs-Counter-v0__td3_continuous__{seed}__*")
+        (run,) = (tmp_path / SWEEP / "runs").glob(f"tests.toy_envs-Counter-v0__td3_continuous__{seed}__*")
         assert int(list(csv.DictReader(open(run / "evaluations.csv")))[-1]["global_step"]) == 300
     assert len(list((tmp_path / "benchmark/logs").glob("slurm-*_*.out"))) == 2
     again = sweep(tmp_path, ["tests.toy_envs:Counter-v0"], "--slurm")
@@ -102,11 +103,12 @@ def test_report_numbers_and_plot(tmp_path):
                   "measure": "training return", "source": "CleanRL"}]
     text = report.table(report.read_runs(runs), [200], reference=reference)
     half = 4.303 * np.std([10, 20, 60], ddof=1) / math.sqrt(3)
-    assert f"| td3_continuous | Hopper-v4 | 30.0 | [{30 - half:.1f}, {30 + half:.1f}] | 3 | 3135 +- 360" in text
+    interval = f"[{30 - half:.1f}, {30 + half:.1f}]"
+    assert f"| td3_continuous | Hopper-v4 | 30.0 | {interval} | 3 of 5 reached | 3135 +- 360" in text
     assert report.iqm([8, 1, 7, 2, 6, 3, 5, 4]) == 4.5
     assert report.summarise([5.0]) == (5.0, None, 1)
     pytest.importorskip("matplotlib")
-    report.main(["--runs", str(runs), "--steps", "200", "--out", str(tmp_path / "out")])
+    report.main([str(runs), "--steps", "200", "--out", str(tmp_path / "out")])
     png = (tmp_path / "out" / "Hopper-v4.png").read_bytes()
     assert png.startswith(b"\x89PNG")
     assert len(png) > 5000
@@ -118,3 +120,89 @@ def test_reference_file_is_complete():
     assert {r["algorithm"] for r in rows} == {"td3_continuous", "td7_continuous", "sac_continuous", "sac_discrete",
                                                "erl_td3"}
     assert all(r["source"] and float(r["mean"]) == float(r["mean"]) for r in rows)
+
+
+def test_a_sweep_owns_its_directory(tmp_path):
+    """An ad-hoc run of the same env and seed in ./runs, made with other flags, is neither resumed nor skipped by a
+    sweep, which works in sweeps/td3_continuous/; the report reads only the directories it is given."""
+    ad_hoc = subprocess.run([sys.executable, str(REPO / "td3_continuous.py"), "--env-id", "tests.toy_envs:Counter-v0",
+                             "--seed", "1", *flags_with(FLAGS[1:], total_timesteps=150, checkpoint_freq=150)],
+                            cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert ad_hoc.returncode == 0, ad_hoc.stderr
+    result = sweep(tmp_path, ["tests.toy_envs:Counter-v0"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 runs to do (0 resumed), 0 already finished" in result.stdout
+    assert len(list((tmp_path / "runs").iterdir())) == 1  # the ad-hoc run, untouched
+    runs = report.read_runs(tmp_path / SWEEP)
+    assert [seed for seed, _, _ in runs[("td3_continuous", "tests.toy_envs:Counter-v0")]] == [1, 2]
+    assert int(runs[("td3_continuous", "tests.toy_envs:Counter-v0")][0][1][-1]) == 300  # the sweep's, not the 150
+
+
+def plotted(runs, env_id="CartPole-v1", reference=(), seed_lines=False):
+    """The axes report.plot_env draws for `env_id`."""
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    report.plot_env(ax, runs, env_id, list(reference), seed_lines)
+    plt.close(fig)
+    return ax
+
+
+def test_curves_of_seeds_of_different_lengths_span_all_of_them(tmp_path):
+    """Seed 1 stops at 20k, seed 2 goes on to 50k: the curve runs from the first evaluation to the last (not a stub
+    over the steps both cover), averages the seeds that reached each step, its band has the line's colour, and its
+    legend counts the seeds as the table does (both at 20k, one at 50k)."""
+    write_run(tmp_path, "sac_discrete", "CartPole-v1", 1, [(10_000, 100), (20_000, 300)])
+    write_run(tmp_path, "sac_discrete", "CartPole-v1", 2, [(10_000, 200), (20_000, 500), (50_000, 500)])
+    runs = report.read_runs(tmp_path)
+    ax = plotted(runs)
+    (line,) = ax.lines
+    assert line.get_xdata().tolist() == [10_000, 20_000, 50_000]
+    assert line.get_ydata().tolist() == [150, 400, 500]
+    assert matplotlib_colour(ax.collections[0].get_facecolor()[0]) == matplotlib_colour(line.get_color())
+    assert ax.get_legend().get_texts()[0].get_text() == "sac_discrete (1-2 seeds)"
+    assert "| 1 of 2 reached |" in report.table(runs, [50_000], reference=[])
+
+
+def matplotlib_colour(colour):
+    import matplotlib.colors
+
+    return tuple(round(c, 3) for c in matplotlib.colors.to_rgb(colour))
+
+
+def test_band_stays_within_the_seeds_returns(tmp_path):
+    """CartPole's returns are at most 500: two seeds at 20 and 500 shade 20 to 500, never beyond (a Student-t band
+    of two seeds would reach far past 500)."""
+    write_run(tmp_path, "sac_discrete", "CartPole-v1", 1, [(10_000, 20), (20_000, 20)])
+    write_run(tmp_path, "sac_discrete", "CartPole-v1", 2, [(10_000, 500), (20_000, 500)])
+    band = plotted(report.read_runs(tmp_path)).collections[0].get_paths()[0].vertices
+    assert band[:, 1].min() == 20
+    assert band[:, 1].max() == 500
+
+
+def test_a_single_evaluation_is_drawn_as_a_point(tmp_path):
+    write_run(tmp_path, "sac_discrete", "CartPole-v1", 1, [(5_000, 42)])
+    (line,) = plotted(report.read_runs(tmp_path)).lines
+    assert line.get_marker() == "o"
+    assert line.get_ydata().tolist() == [42]
+
+
+def test_seed_lines_and_reference_markers(tmp_path):
+    write_run(tmp_path, "td3_continuous", "Hopper-v4", 1, [(50_000, 300), (100_000, 600)])
+    write_run(tmp_path, "td3_continuous", "Hopper-v4", 2, [(50_000, 500), (100_000, 900)])
+    reference = [{"algorithm": "td3_continuous", "env_id": "Hopper-v4", "step": "100000", "mean": "659", "std": "752"}]
+    ax = plotted(report.read_runs(tmp_path), "Hopper-v4", reference, seed_lines=True)
+    assert [line.get_ydata().tolist() for line in ax.lines[1:3]] == [[300, 600], [500, 900]]  # the thin seed lines
+    markers = [line for line in ax.lines if line.get_marker() == "*"]
+    assert [(m.get_xdata().tolist(), m.get_ydata().tolist()) for m in markers] == [([100_000], [659.0])]
+
+
+def test_report_without_matplotlib_writes_the_tables(tmp_path, monkeypatch, capsys):
+    write_run(tmp_path / "runs", "td3_continuous", "Hopper-v4", 1, [(100, 5)])
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    report.main([str(tmp_path / "runs"), "--steps", "100", "--out", str(tmp_path / "out")])
+    assert "| td3_continuous | Hopper-v4 | 5.0 |" in (tmp_path / "out" / "report.md").read_text()
+    assert "plots skipped" in capsys.readouterr().out
+    assert not list((tmp_path / "out").glob("*.png"))
