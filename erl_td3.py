@@ -10,19 +10,28 @@ one replay buffer, and copies of the learners' actors replace the worst individu
   2. each learner runs one episode with N(0, --exploration-noise) noise;
   3. TD3 updates: --utd-ratio critic updates per env step of this generation for each learner, the actor and
      the targets every --policy-frequency-th (none before --learning-starts env steps are stored);
-  4. the genetic step: the --num-elites best are kept unchanged; the other slots are filled by tournament
-     selection (size --tournament-size, over the whole population), optional crossover, and ERL's mutation;
-  5. injection of the learners' actors into the worst slots; their fate (elite, selected as a parent, or
-     discarded) is decided by the next generation's genetic step and logged.
+  4. the genetic step. With --genetic-step erl (the default), ERL's own (`core/mod_neuro_evo.py`, SSNE.epoch):
+     rank by fitness; copies of the --num-elites best go to slots of their own and are spared mutation;
+     tournaments (size --tournament-size, over the ranks, with replacement) pick --pop-size minus --num-elites
+     winners, duplicates removed, which stay in their slots; every remaining slot is filled, always, by crossover
+     of a copy of a random elite with a copy of a random winner; pairs of winners are crossed with
+     --crossover-prob; every individual but the elites' copies is mutated with --mutation-prob. Crossover copies
+     whole neurons between two individuals, as ERL's; mutation perturbs a random count of distinct entries of
+     each weight matrix (biases untouched), as ERL's. With --genetic-step mutation-only, EvoRL's simplification:
+     the elites stay in their slots, the others become mutated copies of tournament winners, no crossover;
+  5. once the learners have trained, copies of their actors replace the worst individuals (never an elite's
+     copy, which ERL's code may overwrite); their fate (elite, selected, or discarded) is decided by the next
+     genetic step and logged.
 Learner layouts: K (actor, critic) pairs (ERL, the default), or --shared-critic: K actors and one critic
-(CEM-RL style), which then takes one update against each learner's target policy per update step.
+(CEM-RL style), which takes one Adam step per update step on the mean of the K learners' critic losses (each
+with its own batch and target policy), as EvoRL does.
 Deliberate choices and differences:
 - global_step and --total-timesteps count every env step, population and learners alike. Runs end, evaluate and
   checkpoint at generation boundaries (a run stops at the end of the generation that reaches the total);
   SIGINT/SIGTERM are handled at the end of the current generation.
 - No uniform random phase: before --learning-starts the untrained learners act with noise, the population explores.
-- Evaluation (deterministic): the champion, best by its last fitness, in the common evaluations.csv columns; the
-  first learner in extra ones. Networks, normalised actions and the TD3 update are td3_continuous.py's.
+- Evaluation (deterministic): the champion (the unmutated copy of the best by the last fitness) in the common
+  evaluations.csv columns; the first learner in extra ones. Networks, normalised actions and the TD3 update are td3_continuous.py's.
 - Losses are logged as their mean over each generation's updates (of all learners), at its end.
 
 The file has two parts: the algorithm, from here to `main`, and below the banner after it the run
@@ -41,7 +50,7 @@ import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass
-from typing import Optional
+from typing import Literal, Optional
 
 import gymnasium as gym
 import numpy as np
@@ -123,19 +132,22 @@ class Args:
     pop_size: int = 10
     """the number of individuals (actors) in the population"""
     num_elites: int = 2
-    """the best individuals carried unchanged into the next generation"""
+    """the best individuals, copied unchanged into the next generation (at least 1)"""
     tournament_size: int = 3
     """individuals drawn per tournament; the fittest becomes a parent"""
     episodes_for_fitness: int = 1
     """noise-free episodes per individual per generation; fitness is their mean return"""
     rl_injection_interval: int = 1
     """copy the learners' actors over the worst individuals every this many generations"""
+    genetic_step: Literal["erl", "mutation-only"] = "erl"
+    """erl: ERL's selection, crossover and mutation (SSNE.epoch); mutation-only: EvoRL's simplification"""
     crossover_prob: float = 0.0
-    """probability that two consecutive children swap a random half of their weight rows (ERL's MuJoCo setting: 0)"""
+    """with --genetic-step erl: probability that a pair of tournament winners is crossed too (ERL's configs: 0; the
+    slots no winner keeps are always filled by crossover)"""
     mutation_prob: float = 0.9
     """probability that a non-elite child is mutated (ERL: 0.9; EvoRL: 1.0)"""
     mutation_frac: float = 0.1
-    """fraction of the entries of a mutated weight matrix that are perturbed"""
+    """a mutated weight matrix has a number of distinct entries drawn from [0, ceil(this x entries)) perturbed"""
     mutation_strength: float = 0.1
     """a normal mutation adds N(0, 1) * |w| * this"""
     super_mutation_prob: float = 0.05
@@ -244,20 +256,24 @@ def soft_update(target, source, tau):
         torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
 
 
-def update_critic(batch, actor_target, qf, qf_target, q_optimizer, args):
-    """One step on the twin critics' summed MSE; returns the mean of their losses and their mean Q values."""
-    obs, action, reward, terminated, next_obs = batch
-    with torch.no_grad():
-        noise = (torch.randn_like(action) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
-        next_action = (actor_target(next_obs) + noise).clamp(-1.0, 1.0)
-        next_q = qf_target(next_obs, next_action).min(0).values
-        target = td_target(reward, terminated, next_q, args.gamma)
-    q = qf(obs, action)
-    qf_loss = ((q - target) ** 2).mean((1, 2)).sum()
+def update_critic(batches, actor_targets, qf, qf_target, q_optimizer, args):
+    """One step on the twin critics' summed MSE, averaged over the learners that share this critic (one batch and
+    target policy each: one learner for K pairs, all K with --shared-critic, as EvoRL averages their losses);
+    returns the mean of the critics' losses and their mean Q values."""
+    losses, qs = [], []
+    for (obs, action, reward, terminated, next_obs), actor_target in zip(batches, actor_targets):
+        with torch.no_grad():
+            noise = (torch.randn_like(action) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
+            next_action = (actor_target(next_obs) + noise).clamp(-1.0, 1.0)
+            next_q = qf_target(next_obs, next_action).min(0).values
+            target = td_target(reward, terminated, next_q, args.gamma)
+        qs.append(qf(obs, action))
+        losses.append(((qs[-1] - target) ** 2).mean((1, 2)).sum())
+    qf_loss = torch.stack(losses).mean()
     q_optimizer.zero_grad(set_to_none=True)
     qf_loss.backward()
     q_optimizer.step()
-    return qf_loss.detach() / len(q), q.detach().mean((1, 2))
+    return qf_loss.detach() / len(qs[0]), torch.cat(qs, 1).detach().mean((1, 2))
 
 
 def update_actor(obs, actor, qf, actor_optimizer):
@@ -331,12 +347,13 @@ def run_episodes(weights, biases, envs, episodes, noise, device, rb=None):
 
 
 def mutate(w, args, rng):
-    """ERL's mutation of one 2-D weight matrix, in place: with probability drawn from U(0, 2), perturb about
-    --mutation-frac of its entries (super mutation, reset, or normal mutation), then clip."""
+    """ERL's mutation of one 2-D weight matrix, in place: with probability drawn from U(0, 2), perturb a number of
+    distinct entries drawn uniformly from [0, ceil(--mutation-frac x entries)) (super mutation, reset, or normal
+    mutation), then clip."""
     if rng.uniform() >= rng.uniform(0.0, 2.0):
         return
-    n = int(np.ceil(args.mutation_frac * w.numel()))
-    idx = torch.as_tensor(rng.integers(0, w.numel(), n), device=w.device)
+    n = int(rng.integers(0, int(np.ceil(args.mutation_frac * w.numel()))))
+    idx = torch.as_tensor(rng.choice(w.numel(), n, replace=False), device=w.device)
     kind = torch.as_tensor(rng.uniform(size=n), dtype=w.dtype, device=w.device)
     flat = w.view(-1)
     old = flat[idx]
@@ -347,36 +364,84 @@ def mutate(w, args, rng):
     flat[idx] = new.clamp(-args.weight_max_magnitude, args.weight_max_magnitude)
 
 
-def tournament(fitness, n, size, rng):
-    """`n` parents, each the fittest of `size` individuals drawn at random (with replacement)."""
-    draws = rng.integers(0, len(fitness), (n, size))
-    return draws[np.arange(n), np.argmax(fitness[draws], axis=1)]
+def tournament(rank, n, size, rng):
+    """`n` winners, each the best-ranked of `size` individuals drawn at random (with replacement); `rank` lists the
+    individuals best first."""
+    return rank[rng.integers(0, len(rank), (n, size)).min(1)]
+
+
+def crossover(weights, biases, a, b, rng):
+    """ERL's crossover of individuals a and b, in place: for each layer, a number of neurons drawn from [0, 2 x
+    neurons) (for the biases [0, neurons)) is copied, each from one of the two to the other, the direction drawn
+    each time. A neuron's weights are a column of our (n_in, n_out) layout, a row of nn.Linear's (out, in)."""
+    for params, times in [(weights, 2), (biases, 1)]:
+        for p in params:
+            neurons = p.shape[-1]
+            n = int(rng.integers(0, times * neurons))
+            chosen, a_receives = rng.integers(0, neurons, n), rng.uniform(size=n) < 0.5
+            # After the first copy of a neuron both individuals hold the same one: only the first copy counts.
+            first = np.unique(chosen, return_index=True)[1]
+            for receives, giver in [(True, b), (False, a)]:
+                cols = torch.as_tensor(chosen[first][a_receives[first] == receives], device=p.device)
+                p[a if receives else b][..., cols] = p[giver][..., cols]
 
 
 def next_generation(weights, biases, fitness, args, rng):
-    """The genetic step, in place: the --num-elites best stay as they are in their slots; every other slot gets a
-    clone of a tournament winner, then optional crossover and mutation (2-D weights only, biases untouched).
-    Returns the elites' and the parents' indices in the old population."""
-    order = np.argsort(-fitness, kind="stable")
-    elites, others = order[: args.num_elites], np.sort(order[args.num_elites:])
-    parents = tournament(fitness, len(others), args.tournament_size, rng)
-    for p in weights + biases:
-        p[others] = p[parents].clone()
+    """ERL's genetic step (SSNE.epoch), in place: the --num-elites best are copied into slots of their own and
+    spared mutation; tournaments pick --pop-size minus --num-elites winners (duplicates removed), which keep their
+    slots; every other slot becomes a copy of a random elite or of a random winner, crossed pairwise, always; pairs
+    of winners are crossed with --crossover-prob; all but the elites' copies are mutated with --mutation-prob.
+    Returns the slots of the elites' copies (the champion's first), and the old population's elites and winners."""
+    rank = np.argsort(-fitness, kind="stable")
+    elites = rank[: args.num_elites]
+    winners = list(dict.fromkeys(tournament(rank, len(rank) - args.num_elites, args.tournament_size, rng).tolist()))
+    if len(winners) % 2:
+        winners.append(winners[rng.integers(len(winners))])
+    selected = np.array(winners)
+    others = [i for i in range(len(rank)) if i not in winners and i not in elites]
+    others = [others[i] for i in rng.permutation(len(others))]
+    copies = []
+    for e in elites:  # into an unselected slot if one is left, else into a winner's
+        slot = others.pop(0) if others else winners.pop(0)
+        for p in weights + biases:
+            p[slot] = p[e]
+        copies.append(slot)
+    if len(others) % 2:
+        others.append(others[rng.integers(len(others))])
     for a, b in zip(others[0::2], others[1::2]):
+        for slot, source in [(a, copies[rng.integers(len(copies))]), (b, winners[rng.integers(len(winners))])]:
+            for p in weights + biases:
+                p[slot] = p[source]
+        crossover(weights, biases, a, b, rng)
+    for a, b in zip(winners[0::2], winners[1::2]):
         if rng.uniform() < args.crossover_prob:
-            for w in weights:  # swap a random half of the rows (the inputs' weights) between the two children
-                rows = torch.as_tensor(rng.uniform(size=w.shape[1]) < 0.5, device=w.device)
-                w[a, rows], w[b, rows] = w[b, rows].clone(), w[a, rows].clone()
+            crossover(weights, biases, a, b, rng)
+    for i in range(len(rank)):
+        if i not in copies and rng.uniform() < args.mutation_prob:
+            for w in weights:
+                mutate(w[i], args, rng)
+    return np.array(copies), elites, selected
+
+
+def next_generation_mutation_only(weights, biases, fitness, args, rng):
+    """EvoRL's simplification of it: the --num-elites best stay as they are in their slots; every other slot gets a
+    copy of a tournament winner, mutated with --mutation-prob. Returns what next_generation returns."""
+    rank = np.argsort(-fitness, kind="stable")
+    elites, others = rank[: args.num_elites], np.sort(rank[args.num_elites:])
+    winners = tournament(rank, len(others), args.tournament_size, rng)
+    for p in weights + biases:
+        p[others] = p[winners].clone()
     for i in others:
         if rng.uniform() < args.mutation_prob:
             for w in weights:
                 mutate(w[i], args, rng)
-    return elites, parents
+    return elites, elites, winners
 
 
-def inject(weights, biases, fitness, actors):
-    """Copy the learners' actors over the worst individuals (by the last fitness); returns their slots."""
-    worst = np.argsort(fitness, kind="stable")[: len(actors)]
+def inject(weights, biases, fitness, actors, spared):
+    """Copy the learners' actors over the worst individuals by the last fitness, never over the `spared` slots (the
+    elites' copies: ERL's code may overwrite one); returns their slots."""
+    worst = [i for i in np.argsort(fitness, kind="stable") if i not in spared][: len(actors)]
     learner_weights, learner_biases = stack_actors(actors)
     for p, q in zip(weights + biases, learner_weights + learner_biases):
         p[worst] = q
@@ -422,11 +487,14 @@ def main(args):
     run = Run(args, checkpoint, device)
 
     global_step, num_updates, generation, fitness = 0, 0, 0, np.zeros(args.pop_size)
-    injected = np.zeros(0, dtype=np.int64)  # the slots of the learners' copies, until the next genetic step
+    injected = []  # the slots of the learners' copies, until the next genetic step
     fates = {"elite": 0, "selected": 0, "discarded": 0}
+    champion = 0  # the slot of the best individual's unmutated copy
     if checkpoint:
-        (global_step, num_updates, generation, fitness, injected, fates), _ = run.restore(checkpoint, state,
-                                                                                          envs + learner_envs)
+        (global_step, num_updates, generation, fitness, injected, fates, champion), _ = run.restore(
+            checkpoint, state, envs + learner_envs)
+    # Each critic's learners: K (actor, critic) pairs, or K actors and one shared critic.
+    critic_learners = [list(range(args.num_rl_agents))] if args.shared_critic else [[k] for k in range(len(qfs))]
     actor_loss = [torch.zeros((), device=device)] * args.num_rl_agents
     try:
         while global_step < args.total_timesteps:
@@ -439,41 +507,43 @@ def main(args):
             if not np.isfinite(fitness).all():
                 run.flush(global_step, cause=f"fitness in generation {generation}, at global_step {global_step}")
 
-            # 3. TD3 updates, --utd-ratio per env step of this generation, for each learner.
+            # 3. TD3 updates, --utd-ratio per env step of this generation, for each critic and its learners.
             if len(rb) >= args.learning_starts:
                 for _ in range(int(args.utd_ratio * (global_step - generation_start))):
-                    for k in range(args.num_rl_agents):
-                        q = 0 if args.shared_critic else k
-                        batch = rb.sample(args.batch_size)
-                        qf_loss, qf_values = update_critic(batch, actor_targets[k], qfs[q], qf_targets[q],
-                                                           q_optimizers[q], args)
+                    for q, learners in enumerate(critic_learners):
+                        batches = [rb.sample(args.batch_size) for _ in learners]
+                        qf_loss, qf_values = update_critic(batches, [actor_targets[k] for k in learners], qfs[q],
+                                                           qf_targets[q], q_optimizers[q], args)
                         if num_updates % args.policy_frequency == 0:
-                            actor_loss[k] = update_actor(batch[0], actors[k], qfs[q], actor_optimizers[k])
-                            soft_update(actor_targets[k], actors[k], args.tau)
+                            for k, batch in zip(learners, batches):
+                                actor_loss[k] = update_actor(batch[0], actors[k], qfs[q], actor_optimizers[k])
+                                soft_update(actor_targets[k], actors[k], args.tau)
                             soft_update(qf_targets[q], qfs[q], args.tau)
-                        run.record(global_step, f"{num_updates + 1} of learner {k} in generation {generation}",
-                                   qf_loss=qf_loss, actor_loss=actor_loss[k], qf1_values=qf_values[0],
-                                   qf2_values=qf_values[1])
+                        run.record(global_step, f"{num_updates + 1} of critic {q} in generation {generation}",
+                                   qf_loss=qf_loss, actor_loss=torch.stack([actor_loss[k] for k in learners]).mean(),
+                                   qf1_values=qf_values[0], qf2_values=qf_values[1])
                     num_updates += 1
             run.flush(global_step)
 
-            # 4. The genetic step; the fate of the learners' copies injected last time. 5. Injection.
-            elites, parents = next_generation(weights, biases, fitness, args, rng)
+            # 4. The genetic step; the fate of the learners' copies injected last time.
+            genetic_step = next_generation if args.genetic_step == "erl" else next_generation_mutation_only
+            copies, elites, selected = genetic_step(weights, biases, fitness, args, rng)
             for slot in injected:
-                fates["elite" if slot in elites else "selected" if slot in parents else "discarded"] += 1
-            generation += 1
-            injected = (inject(weights, biases, fitness, actors) if generation % args.rl_injection_interval == 0
-                        else np.zeros(0, dtype=np.int64))
+                fates["elite" if slot in elites else "selected" if slot in selected else "discarded"] += 1
+            champion, generation = int(copies[0]), generation + 1
+            # 5. Injection of the learners, once they have trained, over the worst but never over an elite's copy.
+            injected = (inject(weights, biases, fitness, actors, copies)
+                        if generation % args.rl_injection_interval == 0 and num_updates else [])
             run.log_generation(global_step, generation, fitness, fates, learner_returns)
             run.progress(global_step, num_updates)
 
             done = global_step >= args.total_timesteps
             if crossed(global_step, args.eval_freq, global_step - generation_start) or done:
-                run.evaluate(global_step, individual(weights, biases, int(np.argmax(fitness))), actors[0])
+                run.evaluate(global_step, individual(weights, biases, champion), actors[0])
             if (crossed(global_step, args.checkpoint_freq, global_step - generation_start)
                     or (done and args.checkpoint_freq) or run.stop):
-                run.save_checkpoint(state, (global_step, num_updates, generation, fitness, injected, fates),
-                                    envs + learner_envs, None)
+                run.save_checkpoint(state, (global_step, num_updates, generation, fitness, injected, fates,
+                                            champion), envs + learner_envs, None)
         if args.save_model:
             run.save_model(weights, biases, fitness, actors, qfs)
     finally:
