@@ -18,8 +18,11 @@ whose default depends on the kind of observation say so in --help. Deliberate di
   which scales the actor's gradient by 1/|A|).
 - Atari: gymnasium's AtariPreprocessing (30 no-op starts, frame skip 4 with max-pooling, 84x84 greyscale) and
   4 stacked frames; rewards are clipped to their sign for training only (logged and evaluated returns are the
-  game's score); no end-of-life termination and no FIRE on reset (Machado et al. 2018 advise against
-  both). The replay buffer stores frames as uint8: 1e6 transitions take about 56 GB, as CleanRL's.
+  game's score); in training no end-of-life termination and no FIRE on reset (Machado et al. 2018 advise
+  against both); in evaluation FIRE is pressed at the start of each life (FireOnLifeStart), so that an argmax
+  policy that never fires does not wait out ALE's 108,000-frame cap in a game that needs FIRE to serve. The
+  Nature-CNN is initialised as sac_atari's (Kaiming-normal, zero biases). The replay buffer stores frames as
+  uint8: 1e6 transitions take about 56 GB, as CleanRL's.
 - gymnasium 1.x vector envs in same-step autoreset mode: a time-limit truncation keeps its
   bootstrap and stores the true final observation; only `terminated` stops the bootstrap.
 - The replay buffer is preallocated on the training device; nothing in the update
@@ -161,15 +164,22 @@ def make_env(env_id, render_mode=None):
     return thunk
 
 
-def torso(obs_shape, hidden=256):
-    """The layers below each network's output: Nature-CNN (Mnih et al. 2015) for 4x84x84 frames, else a
-    256-256 ReLU MLP. Returns the module and its output size."""
+def network(obs_shape, n_out, hidden=256):
+    """A policy or Q network with n_out outputs: for 4x84x84 frames the Nature-CNN (Mnih et al. 2015) and a 512-unit
+    layer, initialised as CleanRL's sac_atari (Kaiming-normal weights, zero biases); for vectors a 256-256 ReLU MLP
+    with PyTorch's default initialisation."""
     if len(obs_shape) == 1:
-        return nn.Sequential(nn.Linear(obs_shape[0], hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU()), hidden
+        return nn.Sequential(nn.Linear(obs_shape[0], hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                             nn.Linear(hidden, n_out))
     conv = nn.Sequential(nn.Conv2d(obs_shape[0], 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
                          nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
     conv_features = conv(torch.zeros(1, *obs_shape)).shape[1]  # 3136 for 4x84x84
-    return nn.Sequential(conv, nn.Linear(conv_features, 512), nn.ReLU()), 512
+    net = nn.Sequential(conv, nn.Linear(conv_features, 512), nn.ReLU(), nn.Linear(512, n_out))
+    for layer in net.modules():
+        if isinstance(layer, (nn.Conv2d, nn.Linear)):
+            nn.init.kaiming_normal_(layer.weight)
+            nn.init.zeros_(layer.bias)
+    return net
 
 
 def preprocess(obs):
@@ -182,12 +192,11 @@ class Actor(nn.Module):
 
     def __init__(self, obs_shape, n_actions):
         super().__init__()
-        self.torso, features = torso(obs_shape)
-        self.logits = nn.Linear(features, n_actions)
+        self.net = network(obs_shape, n_actions)
 
     def forward(self, obs):
         """log pi(.|s), of shape (batch, n_actions)."""
-        return torch.log_softmax(self.logits(self.torso(preprocess(obs))), -1)
+        return torch.log_softmax(self.net(preprocess(obs)), -1)
 
     def mode(self, obs):
         """The deterministic action used in evaluation: the most probable one."""
@@ -199,12 +208,7 @@ class Critic(nn.Module):
 
     def __init__(self, obs_shape, n_actions, num_q=2):
         super().__init__()
-
-        def q_network():
-            body, features = torso(obs_shape)
-            return nn.Sequential(body, nn.Linear(features, n_actions))
-
-        self.qs = nn.ModuleList(q_network() for _ in range(num_q))
+        self.qs = nn.ModuleList(network(obs_shape, n_actions) for _ in range(num_q))
 
     def forward(self, obs):
         obs = preprocess(obs)
@@ -558,6 +562,8 @@ def evaluate(policy, env_id, episodes, seed, device, video_folder=None, video_pr
                                        episode_trigger=lambda e: e == 0, name_prefix=video_prefix)
     else:
         env = make_env(env_id)()
+    if is_atari(env_id) and "FIRE" in env.unwrapped.get_action_meanings():
+        env = FireOnLifeStart(env)
     returns = []
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
@@ -571,6 +577,26 @@ def evaluate(policy, env_id, episodes, seed, device, video_folder=None, video_pr
         returns.append(episode_return)
     env.close()
     return returns
+
+
+class FireOnLifeStart(gym.Wrapper):
+    """Evaluation only: press FIRE at the start of every life, as CleanRL's FireResetEnv does at each reset, so that
+    an argmax policy that never fires cannot stall a game that needs FIRE to serve (Breakout) until ALE's frame cap;
+    the reward of those steps counts."""
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        obs, _, terminated, truncated, info = self.env.step(self.env.unwrapped.get_action_meanings().index("FIRE"))
+        return self.reset(**kwargs) if terminated or truncated else (obs, info)
+
+    def step(self, action):
+        lives = self.env.unwrapped.ale.lives()
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if not (terminated or truncated) and self.env.unwrapped.ale.lives() < lives:
+            obs, fire_reward, terminated, truncated, info = self.env.step(
+                self.env.unwrapped.get_action_meanings().index("FIRE"))
+            reward += fire_reward
+        return obs, reward, terminated, truncated, info
 
 
 def drop_evaluations_after(path, global_step):

@@ -15,6 +15,10 @@ the algorithm:
   the critic is `qf`, its optimizer `q_optimizer`, a training step an update (`num_updates`).
 - With --no-checkpoints and --num-envs N, each vector step runs N training steps (one per env step).
 - SIGINT/SIGTERM are acted on between training bursts, so after at most one episode's training steps.
+- The LAP-Huber threshold follows --min-priority (the authors fix it at 1; the same at the default).
+- Evaluation starts its --eval-episodes episodes from the same seeds every time (so every checkpoint policy is
+  judged on the same start states; the authors' single evaluation env keeps advancing between evaluations).
+- The critic's two heads are separate networks, as the authors' (not one batched module as in td3_continuous.py).
 - Added: periodic evaluation into evaluations.csv, checkpoints of the whole run with --resume, SIGINT/SIGTERM
   handling, a guard against non-finite losses, one-line errors for bad input, --save-buffer.
 

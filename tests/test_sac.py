@@ -133,3 +133,32 @@ def test_atari_smoke(tmp_path, monkeypatch):
     # on by one frame per step.
     assert torch.equal(rb["next_obs"][:-1], rb["obs"][1:])
     assert torch.equal(rb["obs"][1:, :3], rb["obs"][:-1, 1:])
+
+
+@pytest.mark.skipif(sac_discrete.ale_py is None, reason="the Atari path needs the optional ale-py")
+def test_evaluation_of_a_policy_that_never_fires_ends_in_breakout():
+    """Breakout needs FIRE to serve: a policy that always answers NOOP would wait out ALE's 108,000-frame cap (26,995
+    agent steps) per episode; evaluation presses FIRE at the start of each life, so the five lives are lost within a
+    few hundred steps."""
+    steps = []
+
+    def noop(obs):
+        steps.append(1)
+        return torch.zeros(len(obs), dtype=torch.long)
+
+    returns = sac_discrete.evaluate(noop, "BreakoutNoFrameskip-v4", 1, 0, torch.device("cpu"))
+    assert len(steps) < 2000, len(steps)
+    assert returns[0] >= 0
+
+
+@pytest.mark.skipif(sac_discrete.ale_py is None, reason="the Atari path needs the optional ale-py")
+def test_image_networks_are_initialised_as_sac_atari():
+    """Kaiming-normal weights (std sqrt(2 / fan_in)) and zero biases in every layer of the image networks."""
+    torch.manual_seed(0)
+    actor = sac_discrete.Actor((4, 84, 84), 6)
+    layers = [m for m in actor.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+    assert len(layers) == 5
+    for layer in layers:
+        assert torch.count_nonzero(layer.bias) == 0
+        fan_in = layer.weight[0].numel()
+        assert layer.weight.std().item() == pytest.approx(math.sqrt(2 / fan_in), rel=0.15)
