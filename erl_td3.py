@@ -31,7 +31,8 @@ Deliberate choices and differences:
   SIGINT/SIGTERM are handled at the end of the current generation.
 - No uniform random phase: before --learning-starts the untrained learners act with noise, the population explores.
 - Evaluation (deterministic): the champion (the unmutated copy of the best by the last fitness) in the common
-  evaluations.csv columns; the first learner in extra ones. Networks, normalised actions and the TD3 update are td3_continuous.py's.
+  evaluations.csv columns; the first learner in extra ones. Networks, normalised actions and the TD3 update are
+  td3_continuous.py's.
 - Losses are logged as their mean over each generation's updates (of all learners), at its end.
 
 The file has two parts: the algorithm, from here to `main`, and below the banner after it the run
