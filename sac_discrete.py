@@ -21,8 +21,9 @@ whose default depends on the kind of observation say so in --help. Deliberate di
   game's score); in training no end-of-life termination and no FIRE on reset (Machado et al. 2018 advise
   against both); in evaluation FIRE is pressed at the start of each life (FireOnLifeStart), so that an argmax
   policy that never fires does not wait out ALE's 108,000-frame cap in a game that needs FIRE to serve. The
-  Nature-CNN is initialised as sac_atari's (Kaiming-normal, zero biases). The replay buffer stores frames as
-  uint8: 1e6 transitions take about 56 GB, as CleanRL's.
+  Nature-CNN is initialised as sac_atari's (Kaiming-normal, zero biases). The replay buffer stores each frame
+  once, as uint8 (FrameReplayBuffer): 1e6 transitions take about 7 GB (CleanRL's: 56), on the GPU when it has
+  room, else in pinned host memory.
 - gymnasium 1.x vector envs in same-step autoreset mode: a time-limit truncation keeps its
   bootstrap and stores the true final observation; only `terminated` stops the bootstrap.
 - The replay buffer is preallocated on the training device; nothing in the update
@@ -216,21 +217,22 @@ class Critic(nn.Module):
 
 
 class ReplayBuffer:
-    """Uniform replay in preallocated tensors on the training device: observations as float32, or as uint8 for
-    frames; actions as integers. Sampling draws indices on the device."""
+    """Uniform replay of vector observations in preallocated tensors on the training device: observations as
+    float32, actions as integers. Sampling draws indices on the device."""
 
-    def __init__(self, capacity, obs_shape, obs_dtype, device):
+    def __init__(self, capacity, obs_shape, device):
         self.capacity, self.device, self.pos, self.full = capacity, device, 0, False
-        self.fields = {"obs": torch.zeros(capacity, *obs_shape, dtype=obs_dtype, device=device),
+        self.fields = {"obs": torch.zeros(capacity, *obs_shape, device=device),
                        "action": torch.zeros(capacity, dtype=torch.long, device=device),
                        "reward": torch.zeros(capacity, 1, device=device),
                        "terminated": torch.zeros(capacity, 1, device=device),
-                       "next_obs": torch.zeros(capacity, *obs_shape, dtype=obs_dtype, device=device)}
+                       "next_obs": torch.zeros(capacity, *obs_shape, device=device)}
 
     def __len__(self):
         return self.capacity if self.full else self.pos
 
-    def add(self, obs, action, reward, terminated, next_obs):
+    def add(self, obs, action, reward, terminated, next_obs, done=None):
+        """One vector step's transitions (`done`, the episodes' ends, only matters to FrameReplayBuffer)."""
         idx = torch.from_numpy((self.pos + np.arange(len(obs))) % self.capacity).to(self.device)
         values = {"obs": obs, "action": action, "reward": reward[:, None], "terminated": terminated[:, None],
                   "next_obs": next_obs}
@@ -253,6 +255,74 @@ class ReplayBuffer:
         for name, field in self.fields.items():
             field[: len(state[name])] = state[name].to(self.device)
         self.pos, self.full = state["pos"], state["full"]
+
+
+class FrameReplayBuffer:
+    """Uniform replay of stacked Atari frames that stores each frame once (uint8), so 1e6 transitions of 4x84x84
+    take about 7 GB instead of 56. Each env has a ring of rows; a row holds the newest frame of an observation, how
+    many steps into its episode it is (at most stack - 1), and, when an action was taken there, the action, reward
+    and termination. A transition's observation is the frames of its row and the rows before it, the episode's first
+    frame repeated before its start (as FrameStackObservation pads); its next observation is the same one row on:
+    the next transition's row, or at an episode's end a row that holds only the final frame. The rings live on
+    `storage` (the training device, or pinned host memory when it has no room); batches go to `device`."""
+
+    def __init__(self, capacity, obs_shape, num_envs, device, storage=None):
+        storage = device if storage is None else storage
+        self.stack, self.rows, self.device = obs_shape[0], capacity // num_envs + 1, device
+
+        def zeros(dtype, *shape):
+            return torch.zeros(num_envs, self.rows, *shape, dtype=dtype, device=storage,
+                               pin_memory=storage.type == "cpu" and device.type == "cuda")
+
+        self.fields = {"frame": zeros(torch.uint8, *obs_shape[1:]), "steps": zeros(torch.long),
+                       "action": zeros(torch.long), "reward": zeros(torch.float32), "terminated": zeros(torch.float32),
+                       "valid": zeros(torch.bool)}  # valid: the row starts a transition whose frames are all there
+        self.pos = np.full(num_envs, -1)  # each env's row of its current observation
+        self.new_episode = np.ones(num_envs, dtype=bool)
+
+    def add(self, obs, action, reward, terminated, next_obs, done):
+        f, envs = self.fields, np.arange(len(obs))
+        pos = np.where(self.new_episode, (self.pos + 1) % self.rows, self.pos)  # a reset observation: a new row
+        starts = self.new_episode
+        f["frame"][envs[starts], pos[starts]] = torch.as_tensor(np.asarray(obs)[starts, -1]).to(f["frame"].device)
+        f["steps"][envs[starts], pos[starts]] = 0
+        for name, value in [("action", action), ("reward", reward), ("terminated", terminated)]:
+            f[name][envs, pos] = torch.as_tensor(np.asarray(value), dtype=f[name].dtype).to(f[name].device)
+        f["valid"][envs, pos] = True
+        # The next observation's newest frame goes to the next row, which no longer starts a transition; the rows
+        # whose frames reach back to it (the oldest of the ring) cannot be sampled any more.
+        nxt = (pos + 1) % self.rows
+        f["frame"][envs, nxt] = torch.as_tensor(np.asarray(next_obs)[:, -1]).to(f["frame"].device)
+        f["steps"][envs, nxt] = (f["steps"][envs, pos] + 1).clamp(max=self.stack - 1)
+        for j in range(self.stack):
+            f["valid"][envs, (nxt + j) % self.rows] = False
+        self.pos, self.new_episode = nxt, np.asarray(done, dtype=bool).copy()
+
+    def frames(self, env, row):
+        """The stacked observation whose newest frame is at `row`: (batch, stack, H, W)."""
+        back = torch.arange(self.stack - 1, -1, -1, device=row.device)
+        rows = (row[:, None] - torch.minimum(back, self.fields["steps"][env, row][:, None])) % self.rows
+        return self.fields["frame"][env[:, None], rows]
+
+    def sample(self, batch_size):
+        """obs, action, reward, terminated, next_obs, as ReplayBuffer.sample."""
+        valid = self.fields["valid"].flatten()
+        flat = torch.multinomial(valid.float(), batch_size, replacement=True)
+        env, row = flat // self.rows, flat % self.rows
+        f = self.fields
+        batch = [self.frames(env, row), f["action"][env, row], f["reward"][env, row][:, None],
+                 f["terminated"][env, row][:, None], self.frames(env, (row + 1) % self.rows)]
+        return [x.to(self.device, non_blocking=True) for x in batch]
+
+    def state_dict(self):
+        """The whole rings (their unwritten rows are zeros); a resumed run starts new episodes, as Atari's envs'
+        state is not restored."""
+        return {**{name: field.to("cpu", copy=True) for name, field in self.fields.items()}, "pos": self.pos.copy()}
+
+    def load_state_dict(self, state):
+        for name, field in self.fields.items():
+            field.copy_(state[name])
+        self.pos, self.new_episode = state["pos"].copy(), np.ones(len(self.pos), dtype=bool)
 
 
 def td_target(reward, terminated, next_q, next_log_pi, alpha, gamma):
@@ -337,7 +407,6 @@ def main(args):
     envs = gym.vector.SyncVectorEnv([make_env(args.env_id) for _ in range(args.num_envs)],
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     obs_shape, n_actions = envs.single_observation_space.shape, int(envs.single_action_space.n)
-    obs_dtype = torch.uint8 if observations == "image" else torch.float32
 
     actor = Actor(obs_shape, n_actions).to(device)
     qf = Critic(obs_shape, n_actions, num_q=args.num_critics).to(device)
@@ -349,8 +418,13 @@ def main(args):
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, eps=args.adam_eps, fused=True)
     q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.q_lr, eps=args.adam_eps, fused=True)
     alpha_optimizer = torch.optim.Adam([log_alpha], lr=args.q_lr, eps=args.adam_eps, fused=True)
-    check_memory(ReplayBuffer(args.buffer_size, obs_shape, obs_dtype, torch.device("meta")), device)
-    rb = ReplayBuffer(args.buffer_size, obs_shape, obs_dtype, device)
+    if observations == "image":  # frames stored once; on the host, pinned, when the GPU has no room for them
+        storage = replay_storage(FrameReplayBuffer(args.buffer_size, obs_shape, args.num_envs, device,
+                                                   torch.device("meta")), device)
+        rb = FrameReplayBuffer(args.buffer_size, obs_shape, args.num_envs, device, storage)
+    else:  # replay_storage fails with one line when the buffer does not fit
+        replay_storage(ReplayBuffer(args.buffer_size, obs_shape, torch.device("meta")), device)
+        rb = ReplayBuffer(args.buffer_size, obs_shape, device)
     # Everything a checkpoint holds besides the loop's counters and the envs: --resume restores exactly these.
     state = {"actor": actor, "qf": qf, "qf_target": qf_target, "log_alpha": log_alpha,
              "actor_optimizer": actor_optimizer, "q_optimizer": q_optimizer, "alpha_optimizer": alpha_optimizer,
@@ -386,7 +460,7 @@ def main(args):
 
             # Atari trains on rewards clipped to their sign (as CleanRL); returns are logged unclipped.
             rb.add(obs, action, np.sign(reward) if observations == "image" else reward, terminated,
-                   true_next_obs(next_obs, infos))
+                   true_next_obs(next_obs, infos), terminated | truncated)
             obs = next_obs
 
             if global_step > args.learning_starts and crossed(global_step, args.update_frequency, args.num_envs):
@@ -636,23 +710,26 @@ def claim_run_dir(name):
             continue
 
 
-def check_memory(buffer, device):
-    """Fail with one line unless the replay `buffer`, built on the meta device (shapes and dtypes, no memory), fits
-    in the memory `device` has free: the GPU's, or the host's (MemAvailable, within a cgroup's limit)."""
+def replay_storage(buffer, device):
+    """Where the replay `buffer` (built on the meta device: shapes and dtypes, no memory) can live: the training
+    device when it fits in its free memory (the GPU's, or the host's: MemAvailable within a cgroup's limit), else,
+    for frames on a GPU run, pinned host memory; otherwise fail with one line."""
     tensors = [t for v in vars(buffer).values() for t in (v.values() if isinstance(v, dict) else [v])]
     need = sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+    free = {"cpu": os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")}  # free pages, without reclaimable cache
+    with contextlib.suppress(OSError, IndexError):
+        free["cpu"] = int(open("/proc/meminfo").read().split("MemAvailable:")[1].split()[0]) * 1024
+    with contextlib.suppress(OSError, ValueError):
+        limit = open("/sys/fs/cgroup/memory.max").read().strip()
+        free["cpu"] = min(free["cpu"], int(limit) - int(open("/sys/fs/cgroup/memory.current").read()))
     if device.type == "cuda":
-        free = torch.cuda.mem_get_info(device)[0]
-    else:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")  # free pages, without reclaimable cache
-        with contextlib.suppress(OSError, IndexError):
-            free = int(open("/proc/meminfo").read().split("MemAvailable:")[1].split()[0]) * 1024
-        with contextlib.suppress(OSError, ValueError):
-            limit = open("/sys/fs/cgroup/memory.max").read().strip()
-            free = min(free, int(limit) - int(open("/sys/fs/cgroup/memory.current").read()))
-    if need > free:
-        fail(f"the replay buffer needs {need / 2**30:.1f} GiB, more than the {free / 2**30:.1f} GiB free on the "
-             f"{device.type}; lower --buffer-size")
+        free["cuda"] = torch.cuda.mem_get_info(device)[0]
+    if need <= free[device.type]:
+        return device
+    if device.type == "cuda" and isinstance(buffer, FrameReplayBuffer) and need <= free["cpu"]:
+        return torch.device("cpu")
+    fail(f"the replay buffer needs {need / 2**30:.1f} GiB, more than the {free[device.type] / 2**30:.1f} GiB free on "
+         f"the {device.type}{' and the host' if device.type == 'cuda' else ''}; lower --buffer-size")
 
 
 class Run:

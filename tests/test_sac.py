@@ -121,18 +121,15 @@ def test_num_critics(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(sac_discrete.ale_py is None, reason="the Atari path needs the optional ale-py")
 def test_atari_smoke(tmp_path, monkeypatch):
-    """Pong through the image path: AtariPreprocessing, 4 stacked uint8 frames, Nature-CNN, uint8 replay."""
+    """Pong through the image path: AtariPreprocessing, 4 stacked uint8 frames, Nature-CNN, frame replay."""
     flags = flags_with(TINY, env_id="PongNoFrameskip-v4", total_timesteps=300, learning_starts=100, eval_freq=0,
                        eval_episodes=1, checkpoint_freq=300)
     run = run_main("sac_discrete", flags, tmp_path, monkeypatch)
     rb = load_checkpoint(run["run_dir"])["state"]["rb"]
-    assert rb["obs"].shape == (300, 4, 84, 84)
-    assert rb["obs"].dtype == torch.uint8
-    assert set(rb["reward"].unique().tolist()) <= {-1.0, 0.0, 1.0}  # clipped to their sign
-    # No episode of Pong ends within 300 steps: each row's next frames are the next row's, and the stack of 4 moves
-    # on by one frame per step.
-    assert torch.equal(rb["next_obs"][:-1], rb["obs"][1:])
-    assert torch.equal(rb["obs"][1:, :3], rb["obs"][:-1, 1:])
+    assert rb["frame"].dtype == torch.uint8
+    assert rb["frame"].shape == (1, 1001, 84, 84)  # each frame once: --buffer-size 1000 rows, and one to spare
+    assert int(rb["valid"].sum()) == 300  # every transition, none lost (no episode of Pong ends within 300 steps)
+    assert set(rb["reward"][rb["valid"]].unique().tolist()) <= {-1.0, 0.0, 1.0}  # clipped to their sign
 
 
 @pytest.mark.skipif(sac_discrete.ale_py is None, reason="the Atari path needs the optional ale-py")
@@ -162,3 +159,44 @@ def test_image_networks_are_initialised_as_sac_atari():
         assert torch.count_nonzero(layer.bias) == 0
         fan_in = layer.weight[0].numel()
         assert layer.weight.std().item() == pytest.approx(math.sqrt(2 / fan_in), rel=0.15)
+
+
+def test_frame_buffer_rebuilds_every_stored_observation():
+    """Two envs of 2x2 'frames' numbered by (env, episode, step), stacked by 4 with the first frame repeated before an
+    episode's start, episodes of random lengths, a ring of 25 rows per env that wraps several times: every
+    transition the buffer samples is one that was added (obs, action, reward, terminated, next obs), and the
+    transitions added last are all still there, none lost to the ring but the oldest."""
+    rng = np.random.default_rng(0)
+    rb = sac_discrete.FrameReplayBuffer(48, (4, 2, 2), 2, torch.device("cpu"))
+    frame = lambda env, episode, t: np.full((2, 2), (env * 50 + episode * 7 + t) % 256, np.uint8)  # noqa: E731
+    stacks = [[frame(e, 0, 0)] * 4 for e in range(2)]
+    episode, t, added = [0, 0], [0, 0], []
+    for step in range(200):
+        obs = np.stack([np.stack(s) for s in stacks])
+        action, reward = rng.integers(0, 6, 2), rng.normal(size=2).astype(np.float32)
+        done = rng.uniform(size=2) < 0.15
+        terminated = done & (rng.uniform(size=2) < 0.5)
+        next_stacks = [stacks[e][1:] + [frame(e, episode[e], t[e] + 1)] for e in range(2)]
+        next_obs = np.stack([np.stack(s) for s in next_stacks])
+        rb.add(obs, action, reward, terminated.astype(np.float32), next_obs, done)
+        added.append([(obs[e].tobytes(), int(action[e]), float(reward[e]), float(terminated[e]), next_obs[e].tobytes())
+                      for e in range(2)])
+        for e in range(2):
+            t[e] += 1
+            stacks[e] = next_stacks[e]
+            if done[e]:
+                episode[e], t[e] = episode[e] + 1, 0
+                stacks[e] = [frame(e, episode[e], 0)] * 4
+    everything = {transition for step in added for transition in step}
+    obs, action, reward, terminated, next_obs = rb.sample(5000)
+    sampled = {(o.numpy().tobytes(), int(a), float(r), float(d), n.numpy().tobytes())
+               for o, a, r, d, n in zip(obs, action, reward[:, 0], terminated[:, 0], next_obs)}
+    assert sampled <= everything
+    assert {transition for step in added[-15:] for transition in step} <= sampled
+
+
+def test_default_atari_replay_fits_a_24_gb_gpu():
+    """1e6 transitions of 4x84x84 frames, each frame stored once: about 7 GB (storing obs and next obs: 56 GB)."""
+    rb = sac_discrete.FrameReplayBuffer(1_000_000, (4, 84, 84), 1, torch.device("meta"))
+    size = sum(t.numel() * t.element_size() for t in rb.fields.values())
+    assert 7.0e9 < size < 7.2e9
