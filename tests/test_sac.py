@@ -103,7 +103,7 @@ def test_discrete_critic_no_grad_in_actor_step():
 def test_vector_and_image_defaults():
     assert sac_discrete.OBSERVATION_DEFAULTS["image"] == dict(
         total_timesteps=5_000_000, learning_starts=20_000, batch_size=64, adam_eps=1e-4, update_frequency=4, tau=1.0,
-        target_network_frequency=8000)  # CleanRL's sac_atari
+        target_network_frequency=8000, target_entropy_ratio=0.89)  # CleanRL's sac_atari
     assert set(sac_discrete.OBSERVATION_DEFAULTS["vector"]) == set(sac_discrete.OBSERVATION_DEFAULTS["image"])
 
 
