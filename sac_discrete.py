@@ -517,14 +517,15 @@ def first_line(error):
 def parse_args(argv=None):
     """tyro's parser, with its error box shortened to one line in tyro's words: the message (which names the flag)
     and, for a misspelled flag, the one it resembles."""
-    message = io.StringIO()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "-h" in argv or "--help" in argv:
+        return tyro.cli(Args, args=argv)
+    message, columns = io.StringIO(), os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = "1000"  # tyro wraps its box at the terminal's width: one message, one row
     try:
         with contextlib.redirect_stderr(message):
             return tyro.cli(Args, args=argv)
-    except SystemExit as e:
-        if e.code == 0:  # --help
-            raise
+    except SystemExit:
         rows = [row.strip("│ ").strip() for row in message.getvalue().splitlines() if row.startswith("│")]
         rows = [row for row in rows if row and not row.startswith(("─", "For full helptext"))]
         meant = rows[rows.index("Perhaps you meant:") + 1:] if "Perhaps you meant:" in rows else []
@@ -532,6 +533,11 @@ def parse_args(argv=None):
         print(f"error: {rows[0] if rows else 'cannot parse the command line'}"
               + (f" (perhaps you meant {hint})" if hint else ""), file=sys.stderr)
         sys.exit(2)
+    finally:
+        if columns is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = columns
 
 
 def check_args(args):
