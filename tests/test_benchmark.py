@@ -73,7 +73,7 @@ def test_sweep_on_slurm(tmp_path):
     for seed in (1, 2):
         (run,) = (tmp_path / SWEEP / "runs").glob(f"tests.toy_envs-Counter-v0__td3_continuous__{seed}__*")
         assert int(list(csv.DictReader(open(run / "evaluations.csv")))[-1]["global_step"]) == 300
-    assert len(list((tmp_path / "benchmark/logs").glob("slurm-*_*.out"))) == 2
+    assert len(list((tmp_path / SWEEP / "logs").glob("slurm-*_*.out"))) == 2
     again = sweep(tmp_path, ["tests.toy_envs:Counter-v0"], "--slurm")
     assert again.returncode == 0
     assert "0 runs to submit, 2 already finished" in again.stdout
