@@ -193,6 +193,13 @@ def test_frame_buffer_rebuilds_every_stored_observation():
                for o, a, r, d, n in zip(obs, action, reward[:, 0], terminated[:, 0], next_obs)}
     assert sampled <= everything
     assert {transition for step in added[-15:] for transition in step} <= sampled
+    restored = sac_discrete.FrameReplayBuffer(48, (4, 2, 2), 2, torch.device("cpu"))
+    restored.load_state_dict(rb.state_dict())
+    torch.manual_seed(1)
+    again = rb.sample(100)
+    torch.manual_seed(1)
+    assert all(torch.equal(x, y) for x, y in zip(again, restored.sample(100)))
+    assert restored.new_episode.all()  # a resumed run starts new episodes
 
 
 def test_default_atari_replay_fits_a_24_gb_gpu():
