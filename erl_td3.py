@@ -885,11 +885,8 @@ class Run:
                                     " ".join(f"{r:.2f}" for r in results[0]), learner_mean, learner_std])
         self.result = {"run_dir": self.dir, "global_step": global_step, "eval_mean": mean, "eval_std": std,
                        "learner_eval_mean": learner_mean}
-        sps = self.sps(global_step) if self.sps_start else 0.0
-        eta = datetime.timedelta(seconds=int(max(self.args.total_timesteps - global_step, 0) / sps)) if sps else "-"
         self.eval_text = f"{mean:.1f} +- {std:.1f} (learner {learner_mean:.1f})"
-        self.say(f"step {global_step}/{self.args.total_timesteps} | eval return {self.eval_text} | SPS {sps:.0f} | "
-                 f"ETA {eta}")
+        self.say(f"step {global_step}/{self.args.total_timesteps} | eval return {self.eval_text}")
 
     def elapsed(self):
         return self.wall_time + time.time() - self.start_time

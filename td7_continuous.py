@@ -883,11 +883,8 @@ class Run:
             csv.writer(f).writerow([global_step, round(self.elapsed(), 1), mean, std,
                                     " ".join(f"{r:.2f}" for r in returns)])
         self.result = {"run_dir": self.dir, "global_step": global_step, "eval_mean": mean, "eval_std": std}
-        sps = self.sps(global_step) if self.sps_start else 0.0
-        eta = datetime.timedelta(seconds=int(max(self.args.total_timesteps - global_step, 0) / sps)) if sps else "-"
         self.eval_text = f"{mean:.1f} +- {std:.1f}"
-        self.say(f"step {global_step}/{self.args.total_timesteps} | eval return {self.eval_text} | SPS {sps:.0f} | "
-                 f"ETA {eta}")
+        self.say(f"step {global_step}/{self.args.total_timesteps} | eval return {self.eval_text}")
 
     def elapsed(self):
         return self.wall_time + time.time() - self.start_time
