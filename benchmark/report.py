@@ -119,21 +119,26 @@ def curve(group):
 
 def plot_env(ax, runs, env_id, reference, seed_lines=False):
     """Draw one env's curves on `ax`: per algorithm its mean, shaded between its lowest and highest seed in the
-    line's own colour, optionally each seed as a thin line, and its reference numbers as star markers."""
-    for (algorithm, env), group in sorted(runs.items()):
-        if env != env_id:
-            continue
+    line's own colour, optionally each seed as a thin line, and its reference numbers as star markers at their step
+    (those beyond the last evaluation drawn are left out: a 1M-step reference would squash 100k-step curves)."""
+    groups = {algorithm: group for (algorithm, env), group in sorted(runs.items()) if env == env_id}
+    last = max(steps[-1] for group in groups.values() for _, steps, _ in group)
+    for algorithm, group in groups.items():
         grid, count, mean, low, high, values = curve(group)
-        seeds = f"{count.max()} seeds" if count.min() == count.max() else f"{count.min()}-{count.max()} seeds"
+        seeds = f"{count.min()}-{count.max()}" if count.min() != count.max() else str(count.max())
+        seeds += " seed" if seeds == "1" else " seeds"
         (line,) = ax.plot(grid, mean, marker="o" if len(grid) == 1 else None, label=f"{algorithm} ({seeds})")
         ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
         for row in values if seed_lines else []:
             ax.plot(grid, row, color=line.get_color(), linewidth=0.5, alpha=0.6)
-        for r in reference:
-            if r["algorithm"] == algorithm and r["env_id"] == env_id:
-                ax.errorbar(int(r["step"]), float(r["mean"]), yerr=float(r["std"] or 0), color=line.get_color(),
-                            marker="*", markersize=10, capsize=3, linestyle="none")
-    ax.set(title=env_id, xlabel="env steps", ylabel="evaluation return (mean; shaded: lowest to highest seed)")
+        published = [r for r in reference
+                     if r["algorithm"] == algorithm and r["env_id"] == env_id and int(r["step"]) <= 1.05 * last]
+        for i, r in enumerate(published):
+            ax.errorbar(int(r["step"]), float(r["mean"]), yerr=float(r["std"] or 0), color=line.get_color(),
+                        marker="*", markersize=10, capsize=3, linestyle="none",
+                        label=f"{algorithm}, published (mean, sd)" if i == 0 else None)
+    ax.set(xlabel="env steps", ylabel="evaluation return")
+    ax.set_title(f"{env_id}: mean over seeds, shaded from lowest to highest", fontsize="medium")
     ax.legend(fontsize="small")
 
 
@@ -147,7 +152,7 @@ def curves(runs, out_dir, reference=None, seed_lines=False):
     reference = read_reference() if reference is None else reference
     written = []
     for env_id in sorted({env for _, env in runs}):
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig, ax = plt.subplots(figsize=(7, 4.5))
         plot_env(ax, runs, env_id, reference, seed_lines)
         fig.tight_layout()
         path = Path(out_dir) / f"{env_id.replace('/', '-').replace(':', '-')}.png"

@@ -184,7 +184,9 @@ def test_band_stays_within_the_seeds_returns(tmp_path):
 
 def test_a_single_evaluation_is_drawn_as_a_point(tmp_path):
     write_run(tmp_path, "sac_discrete", "CartPole-v1", 1, [(5_000, 42)])
-    (line,) = plotted(report.read_runs(tmp_path)).lines
+    ax = plotted(report.read_runs(tmp_path))
+    (line,) = ax.lines
+    assert ax.get_legend().get_texts()[0].get_text() == "sac_discrete (1 seed)"
     assert line.get_marker() == "o"
     assert line.get_ydata().tolist() == [42]
 
@@ -192,8 +194,10 @@ def test_a_single_evaluation_is_drawn_as_a_point(tmp_path):
 def test_seed_lines_and_reference_markers(tmp_path):
     write_run(tmp_path, "td3_continuous", "Hopper-v4", 1, [(50_000, 300), (100_000, 600)])
     write_run(tmp_path, "td3_continuous", "Hopper-v4", 2, [(50_000, 500), (100_000, 900)])
-    reference = [{"algorithm": "td3_continuous", "env_id": "Hopper-v4", "step": "100000", "mean": "659", "std": "752"}]
+    reference = [{"algorithm": "td3_continuous", "env_id": "Hopper-v4", "step": step, "mean": mean, "std": std}
+                 for step, mean, std in [("100000", "659", "752"), ("1000000", "3564", "115")]]  # 1M: past the curves
     ax = plotted(report.read_runs(tmp_path), "Hopper-v4", reference, seed_lines=True)
+    assert ax.get_legend().get_texts()[0].get_text() == "td3_continuous (2 seeds)"
     assert [line.get_ydata().tolist() for line in ax.lines[1:3]] == [[300, 600], [500, 900]]  # the thin seed lines
     markers = [line for line in ax.lines if line.get_marker() == "*"]
     assert [(m.get_xdata().tolist(), m.get_ydata().tolist()) for m in markers] == [([100_000], [659.0])]
