@@ -8,10 +8,10 @@ For each algorithm (the run's exp_name) and env, and each step S of --steps, a r
 of its last evaluation at or before S, counted only if the run reached S; with several runs of one seed, the one
 that went furthest counts. Over seeds the table gives the mean and a 95% confidence interval (Student's t; with
 --iqm, the interquartile mean instead of the mean), how many seeds reached S, and the reference numbers of
-benchmark/reference.csv for that algorithm, env and step. The curves (one PNG per env, one colour per algorithm:
-the mean over the seeds that reached each evaluation step, shaded between the lowest and highest seed, and the
-reference numbers as markers at their step) need matplotlib, the optional `plot` extra; without it the tables
-are written and the plots skipped.
+benchmark/reference.csv for that algorithm, env and step. A last table gives each seed's last and best
+evaluation. The curves (one PNG per env, one colour per algorithm: the mean over the seeds that reached each
+evaluation step, shaded between the lowest and highest seed, and the reference numbers as markers at their step)
+need matplotlib, the optional `plot` extra; without it the tables are written and the plots skipped.
 """
 import argparse
 import csv
@@ -106,6 +106,18 @@ def table(runs, steps, use_iqm=False, reference=None):
     return "\n".join(lines)
 
 
+def seed_table(runs):
+    """The markdown table of each run (the one per seed that went furthest): its last and its best evaluation."""
+    lines = ["## Each seed: its last and its best evaluation", "",
+             "| algorithm | env | seed | last evaluation | best evaluation |", "|---|---|---|---|---|"]
+    for (algorithm, env_id), group in sorted(runs.items()):
+        for seed, steps, returns in group:
+            b = int(np.argmax(returns))
+            lines.append(f"| {algorithm} | {env_id} | {seed} | {returns[-1]:.1f} at {steps[-1]:,} "
+                         f"| {returns[b]:.1f} at {steps[b]:,} |")
+    return "\n".join(lines + [""])
+
+
 def curve(group):
     """On the union of the seeds' evaluation steps: the number of seeds that reached each step, their mean, lowest
     and highest return there (each seed interpolated between its own evaluations, never beyond its last)."""
@@ -177,7 +189,8 @@ def main(argv=None):
         raise SystemExit(f"error: no runs with an evaluations.csv in {', '.join(args.directories)}")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     report = Path(args.out) / "report.md"
-    report.write_text(f"# Returns from {', '.join(args.directories)}\n\n" + table(runs, args.steps, args.iqm))
+    report.write_text(f"# Returns from {', '.join(args.directories)}\n\n" + table(runs, args.steps, args.iqm)
+                      + "\n" + seed_table(runs))
     print(f"wrote {report}")
     if args.no_plots:
         return

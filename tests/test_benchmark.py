@@ -115,6 +115,14 @@ def test_report_numbers_and_plot(tmp_path):
     assert "| td3_continuous | Hopper-v4 | 30.0 |" in (tmp_path / "out" / "report.md").read_text()
 
 
+def test_each_seeds_last_and_best_evaluation(tmp_path):
+    write_run(tmp_path, "sac_discrete", "CartPole-v1", 1, [(10_000, 100), (20_000, 500), (30_000, 300)])
+    write_run(tmp_path, "sac_discrete", "CartPole-v1", 2, [(10_000, 50)])
+    lines = report.seed_table(report.read_runs(tmp_path)).splitlines()
+    assert "| sac_discrete | CartPole-v1 | 1 | 300.0 at 30,000 | 500.0 at 20,000 |" in lines
+    assert "| sac_discrete | CartPole-v1 | 2 | 50.0 at 10,000 | 50.0 at 10,000 |" in lines
+
+
 def test_reference_file_is_complete():
     rows = report.read_reference()
     assert {r["algorithm"] for r in rows} == {"td3_continuous", "td7_continuous", "sac_continuous", "sac_discrete",
