@@ -42,6 +42,7 @@ import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Optional
 
 import gymnasium as gym
@@ -103,6 +104,10 @@ class Args:
     """path of a checkpoint.pt to continue from (the run keeps its directory)"""
     log_freq: int = 100
     """log the mean of the losses over this many updates, and check them for NaN"""
+    compile: bool = False
+    """torch.compile the update steps (CPU or GPU; the same numbers up to float rounding)"""
+    cudagraphs: bool = False
+    """capture each update step once as a CUDA graph and replay it (needs a GPU; can be combined with --compile)"""
 
     # Algorithm specific arguments
     policy_lr: float = 3e-4
@@ -205,29 +210,49 @@ class Critic(nn.Module):
 class ReplayBuffer:
     """Uniform replay in one preallocated float32 tensor on the training device.
 
-    A row is [obs, action, reward, terminated, next_obs]: one host-to-device copy per vector step, one
-    gather per batch. Actions are stored normalised, in [-1, 1].
+    A row is [obs, action, reward, terminated, next_obs], written by slice from one asynchronous upload per vector
+    step. A batch is gathered into `self.batch`, which stays in one place in memory (as a CUDA graph needs). Actions
+    are stored normalised, in [-1, 1].
     """
 
-    def __init__(self, capacity, obs_dim, act_dim, device):
+    def __init__(self, capacity, obs_dim, act_dim, batch_size, device, device_length=False):
         self.capacity, self.device, self.pos, self.full = capacity, device, 0, False
         self.split = [obs_dim, act_dim, 1, 1, obs_dim]
         self.data = torch.zeros(capacity, sum(self.split), device=device)
+        self.batch = torch.zeros(batch_size, sum(self.split), device=device)
+        # --compile/--cudagraphs sample with the length as a device tensor: a graph cannot take a new host number
+        # each step. Without them sampling keeps a host length, and its random numbers (the golden runs).
+        self.length = torch.zeros((), dtype=torch.int64, device=device) if device_length else None
 
     def __len__(self):
         return self.capacity if self.full else self.pos
 
-    def add(self, obs, action, reward, terminated, next_obs):
-        rows = np.concatenate([obs, action, reward[:, None], terminated[:, None], next_obs], 1, dtype=np.float32)
-        idx = (self.pos + np.arange(len(rows))) % self.capacity
-        self.data[torch.from_numpy(idx).to(self.device)] = torch.from_numpy(rows).to(self.device)
-        self.full = self.full or self.pos + len(rows) >= self.capacity
-        self.pos = (self.pos + len(rows)) % self.capacity
+    def add(self, obs, action, reward, terminated, next_obs, acting_obs):
+        """Store one row per env; `acting_obs`, the observation the policy acts on next, travels in the same
+        upload, and its device copy is returned."""
+        rows = np.concatenate([obs, action, reward[:, None], terminated[:, None], next_obs], 1)
+        n, width = rows.shape
+        # The acting observation first: at the start of the tensor, aligned in memory as a tensor of its own is, so
+        # the policy's matmul computes the same bits.
+        uploaded = upload(np.concatenate([acting_obs.ravel(), rows.ravel()]), self.device)
+        acting_obs, rows = uploaded[: acting_obs.size].view(acting_obs.shape), uploaded[acting_obs.size:].view(n, width)
+        first = min(n, self.capacity - self.pos)  # the rows before the ring wraps around
+        self.data[self.pos: self.pos + first] = rows[:first]
+        self.data[: n - first] = rows[first:]
+        self.full = self.full or self.pos + n >= self.capacity
+        self.pos = (self.pos + n) % self.capacity
+        if self.length is not None:
+            self.length.fill_(len(self))
+        return acting_obs
 
-    def sample(self, batch_size):
-        """obs, action, reward, terminated, next_obs; reward and terminated of shape (batch, 1)."""
-        idx = torch.randint(0, len(self), (batch_size,), device=self.device)
-        return self.data[idx].split(self.split, dim=1)
+    def sample(self):
+        """obs, action, reward, terminated, next_obs of a uniform batch; reward and terminated of shape (batch, 1)."""
+        if self.length is None:
+            idx = torch.randint(0, len(self), (len(self.batch),), device=self.device)
+        else:
+            idx = torch.randint(0, 2**62, (len(self.batch),), device=self.device) % self.length
+        self.batch.copy_(self.data[idx])
+        return self.batch.split(self.split, dim=1)
 
     def state_dict(self):
         return {"data": self.data[: len(self)].to("cpu", copy=True), "pos": self.pos, "full": self.full}
@@ -235,6 +260,15 @@ class ReplayBuffer:
     def load_state_dict(self, state):
         self.data[: len(state["data"])] = state["data"].to(self.device)
         self.pos, self.full = state["pos"], state["full"]
+        if self.length is not None:
+            self.length.fill_(len(self))
+
+
+def upload(array, device):
+    """A host array as a float32 tensor on `device`, without waiting for a GPU: copied from pinned memory,
+    asynchronously (later work on the device is ordered after the copy)."""
+    tensor = torch.as_tensor(array, dtype=torch.float32)
+    return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor
 
 
 def td_target(reward, terminated, next_q, next_log_prob, alpha, gamma):
@@ -248,9 +282,11 @@ def soft_update(target, source, tau):
         torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
 
 
-def update_critic(batch, actor, qf, qf_target, q_optimizer, alpha, args):
-    """One step on the critics' summed MSE; returns the mean of their losses and their mean Q values."""
-    obs, action, reward, terminated, next_obs = batch
+def update_critic(rb, actor, qf, qf_target, q_optimizer, log_alpha, args):
+    """One step on the critics' summed MSE, on a new batch; returns the mean of their losses and their mean Q
+    values."""
+    obs, action, reward, terminated, next_obs = rb.sample()
+    alpha = log_alpha.exp().detach()
     with torch.no_grad():
         next_action, next_log_prob = actor.sample(next_obs)
         next_q = qf_target(next_obs, next_action).min(0).values
@@ -282,6 +318,17 @@ def update_alpha(log_prob, log_alpha, alpha_optimizer, target_entropy):
     alpha_loss.backward()
     alpha_optimizer.step()
     return alpha_loss.detach()
+
+
+def update_policy(rb, actor, qf, actor_optimizer, log_alpha, alpha_optimizer, target_entropy, args):
+    """The delayed step, on the critic's last batch: --policy-frequency actor updates (as many as critic updates),
+    each followed by alpha's with --autotune. Returns the last actor and alpha losses."""
+    obs, alpha_loss = rb.batch[:, : rb.split[0]], torch.zeros((), device=log_alpha.device)
+    for _ in range(args.policy_frequency):
+        actor_loss, log_prob = update_actor(obs, actor, qf, actor_optimizer, log_alpha.exp().detach())
+        if args.autotune:
+            alpha_loss = update_alpha(log_prob, log_alpha, alpha_optimizer, target_entropy)
+    return actor_loss, alpha_loss
 
 
 def true_next_obs(next_obs, infos):
@@ -317,11 +364,17 @@ def main(args):
     log_alpha = torch.tensor(float(np.log(1.0 if args.autotune else args.alpha)), device=device, requires_grad=True)
     target_entropy = -float(act_dim)
     # fused: one kernel for all parameters, 2-3x faster than the default foreach Adam on CPU; same update rule
-    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True)
-    q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.q_lr, fused=True)
-    alpha_optimizer = torch.optim.Adam([log_alpha], lr=args.q_lr, fused=True)
-    check_memory(ReplayBuffer(args.buffer_size, obs_dim, act_dim, torch.device("meta")), device)
-    rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, device)
+    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True, capturable=args.cudagraphs)
+    q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.q_lr, fused=True, capturable=args.cudagraphs)
+    alpha_optimizer = torch.optim.Adam([log_alpha], lr=args.q_lr, fused=True, capturable=args.cudagraphs)
+    graphs = args.compile or args.cudagraphs
+    check_memory(ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.batch_size, torch.device("meta")), device)
+    rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.batch_size, device, device_length=graphs)
+    # The updates as callables without arguments, compiled or captured as CUDA graphs under the flags.
+    critic_step = accelerate(partial(update_critic, rb, actor, qf, qf_target, q_optimizer, log_alpha, args), args)
+    policy_step = accelerate(partial(update_policy, rb, actor, qf, actor_optimizer, log_alpha, alpha_optimizer,
+                                     target_entropy, args), args)
+    target_step = accelerate(partial(soft_update, qf_target, qf, args.tau), args)
     # Everything a checkpoint holds besides the loop's counters and the envs: --resume restores exactly these.
     state = {"actor": actor, "qf": qf, "qf_target": qf_target, "log_alpha": log_alpha,
              "actor_optimizer": actor_optimizer, "q_optimizer": q_optimizer, "alpha_optimizer": alpha_optimizer,
@@ -329,11 +382,13 @@ def main(args):
     run = Run(args, checkpoint, device)
 
     obs, _ = envs.reset(seed=args.seed)
+    obs_on_device = upload(obs, device)
     episode_return, episode_length = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
     global_step, num_updates = 0, 0
     if checkpoint:
         (global_step, num_updates), episodes = run.restore(checkpoint, state, envs.envs)
         obs, episode_return, episode_length = episodes or (obs, episode_return, episode_length)
+        obs_on_device = upload(obs, device)
     actor_loss = alpha_loss = torch.zeros((), device=device)
     try:
         while global_step < args.total_timesteps:
@@ -341,7 +396,7 @@ def main(args):
                 action = rng.uniform(-1.0, 1.0, (args.num_envs, act_dim))
             else:
                 with torch.no_grad():
-                    action = actor.sample(torch.as_tensor(obs, dtype=torch.float32, device=device))[0].cpu().numpy()
+                    action = actor.sample(obs_on_device)[0].cpu().numpy()
                 run.check_finite(global_step, action=action)  # the action is on the host anyway: a free check
             next_obs, reward, terminated, truncated, infos = envs.step(to_env(action, low, high))
             global_step += args.num_envs
@@ -353,24 +408,18 @@ def main(args):
                 run.log_episode(global_step, episode_return[i], episode_length[i])
                 episode_return[i], episode_length[i] = 0.0, 0
 
-            rb.add(obs, action, reward, terminated, true_next_obs(next_obs, infos))
+            obs_on_device = rb.add(obs, action, reward, terminated, true_next_obs(next_obs, infos), next_obs)
             obs = next_obs
 
             if global_step > args.learning_starts:
-                batch = rb.sample(args.batch_size)
-                alpha = log_alpha.exp().detach()
-                qf_loss, qf_values = update_critic(batch, actor, qf, qf_target, q_optimizer, alpha, args)
+                qf_loss, qf_values = critic_step()
                 if num_updates % args.policy_frequency == 0:
-                    for _ in range(args.policy_frequency):  # delayed, but as many actor updates as critic updates
-                        actor_loss, log_prob = update_actor(batch[0], actor, qf, actor_optimizer, alpha)
-                        if args.autotune:
-                            alpha_loss = update_alpha(log_prob, log_alpha, alpha_optimizer, target_entropy)
-                            alpha = log_alpha.exp().detach()
+                    actor_loss, alpha_loss = policy_step()
                 if num_updates % args.target_network_frequency == 0:
-                    soft_update(qf_target, qf, args.tau)
+                    target_step()
                 num_updates += 1
                 run.record(global_step, num_updates, qf_loss=qf_loss, actor_loss=actor_loss, alpha_loss=alpha_loss,
-                           alpha=alpha, qf1_values=qf_values[0], qf2_values=qf_values[1])
+                           alpha=log_alpha.exp().detach(), qf1_values=qf_values[0], qf2_values=qf_values[1])
 
             run.progress(global_step, num_updates)
             done = global_step >= args.total_timesteps
@@ -448,6 +497,8 @@ def check_args(args):
             fail(f"{flag} must lie in [0, 1], got {value}")
     if args.batch_size > args.buffer_size:
         fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs a GPU: " + ("--no-cuda is set" if not args.cuda else "none is available"))
     if args.learning_starts >= args.total_timesteps:
         fail(f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}: no "
              "update would ever happen")
@@ -501,6 +552,39 @@ def choose_device(args):
     return torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
 
 
+def accelerate(step, args):
+    """An update step (a callable without arguments) as it runs: as it is, torch.compile'd (--compile), and/or
+    captured as one CUDA graph (--cudagraphs)."""
+    step = torch.compile(step) if args.compile else step
+    return CudaGraph(step) if args.cudagraphs else step
+
+
+class CudaGraph:
+    """--cudagraphs: `step` runs eagerly for `warmup` calls on a side stream (optimizer state, compilation), is then
+    captured once and replayed: one launch per update instead of one per kernel. It may only read and write tensors
+    that stay in place (in-place state, the buffer's `batch` and `length`), and it returns the same output tensors,
+    overwritten, at every replay."""
+
+    def __init__(self, step, warmup=3):
+        self.step, self.warmup, self.graph, self.outputs = step, warmup, None, None
+
+    def __call__(self):
+        if self.warmup:
+            self.warmup -= 1
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                outputs = self.step()
+            torch.cuda.current_stream().wait_stream(stream)
+            return outputs
+        if self.graph is None:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.outputs = self.step()
+        self.graph.replay()
+        return self.outputs
+
+
 def crossed(step, freq, step_size):
     """True when the last step_size steps, ending at step, crossed a multiple of freq (never when freq is 0)."""
     return freq > 0 and step // freq != (step - step_size) // freq
@@ -543,7 +627,7 @@ def evaluate(policy, env_id, episodes, seed, device, video_folder=None, video_pr
         done, episode_return = False, 0.0
         while not done:
             with torch.no_grad():
-                action = policy(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])[0].cpu().numpy()
+                action = policy(upload(obs[None], device))[0].cpu().numpy()  # the one wait per step
             obs, reward, terminated, truncated, _ = env.step(to_env(action, low, high))
             episode_return += float(reward)
             done = terminated or truncated

@@ -117,6 +117,10 @@ class Args:
     """path of a checkpoint.pt to continue from (the run keeps its directory)"""
     log_freq: int = 100
     """log the mean of the losses over this many updates, and check them for NaN"""
+    compile: bool = False
+    """torch.compile the update steps (CPU or GPU; the same numbers up to float rounding)"""
+    cudagraphs: bool = False
+    """capture each update step once as a CUDA graph and replay it (needs a GPU; can be combined with --compile)"""
 
     # Algorithm specific arguments
     policy_lr: float = 3e-4

@@ -27,6 +27,7 @@ COMMON = {
     "resume without steps left": (["--resume", "{resume}", "--total-timesteps", "400"],
                                   "--total-timesteps 400 is not beyond"),
     "runs is a file": (["--env-id", "{env}"], "runs"),
+    "cudagraphs without a GPU": (["--cudagraphs"], "--cudagraphs needs a GPU: --no-cuda is set"),
 }
 OWN = {
     "td3_continuous": {"wrong action space": (["--env-id", "CartPole-v1"], "Discrete action space")},

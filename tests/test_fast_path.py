@@ -1,0 +1,112 @@
+"""The fast path on the CPU (README, "The GPU fast path"): the update steps that --compile compiles and --cudagraphs
+captures keep every tensor they touch in one place in memory (a CUDA graph replays fixed addresses), --compile
+computes what eager computes within float rounding, and it compiles once: no recompile as the buffer fills and wraps,
+and graph breaks only where torch always breaks (backward, the optimizer). tests/test_gpu.py does the rest on a GPU.
+"""
+import importlib
+
+import pytest
+import torch
+import torch._dynamo.utils
+import torch._inductor.config
+
+from tests.conftest import FAST_PATH_SCRIPTS, TINY, flags_with, load_checkpoint, run_main
+
+# Learning starts at 200 steps; 20 updates later the run ends. The buffer (150 rows) is full before learning starts
+# and wraps while the steps run, so its length stops changing only after a wrap: a recompile would show.
+TWENTY_UPDATES = flags_with(TINY, total_timesteps=220, buffer_size=150, eval_freq=0, checkpoint_freq=220,
+                            log_freq=10)
+# Graph breaks torch makes in any update (backward and the optimizer's step); any other would be ours.
+ALLOWED_BREAKS = ("backward", "Optimizer", "optimizer", "fused", "torch._dynamo.graph_break()")
+
+
+def recorded_steps(script, flags, tmp_path, monkeypatch):
+    """Run `script` with `flags` and return the update steps its main built through `accelerate`, after the run."""
+    module, steps = importlib.import_module(script), []
+    accelerate = module.accelerate
+
+    def recording(step, args):
+        steps.append(step)
+        return accelerate(step, args)
+
+    monkeypatch.setattr(module, "accelerate", recording)
+    run = run_main(script, flags, tmp_path, monkeypatch)
+    return steps, run
+
+
+def tensors_of(obj, seen=None):
+    """Every tensor an update step can reach through its bound arguments: parameters, module buffers, optimizer
+    state, a replay buffer's tensors, and tensors held directly or in lists, dicts and plain objects."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, torch.nn.Module):
+        return list(obj.parameters()) + list(obj.buffers())
+    if isinstance(obj, torch.optim.Optimizer):
+        return [t for state in obj.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
+    if isinstance(obj, (list, tuple)):
+        return [t for item in obj for t in tensors_of(item, seen)]
+    if isinstance(obj, dict):
+        return [t for item in obj.values() for t in tensors_of(item, seen)]
+    if hasattr(obj, "func") and hasattr(obj, "args"):  # functools.partial
+        return tensors_of(list(obj.args) + list(obj.keywords.values()), seen)
+    if hasattr(obj, "__dict__") and type(obj).__module__ not in ("builtins",) and not callable(obj):
+        return tensors_of(vars(obj), seen)
+    return []
+
+
+@pytest.mark.parametrize("script", FAST_PATH_SCRIPTS)
+def test_update_steps_keep_their_tensors_in_place(script, tmp_path, monkeypatch):
+    """Three more calls of every update step leave every tensor it can reach at its address, unreplaced: a CUDA graph
+    captured at the first call would otherwise read stale memory. (--compile with torch.compile as the identity:
+    the steps as --cudagraphs would capture them, the buffer's length on the device.)"""
+    monkeypatch.setattr(torch, "compile", lambda step: step)
+    steps, _ = recorded_steps(script, TWENTY_UPDATES + ["--compile"], tmp_path, monkeypatch)
+    assert steps
+    for step in steps:
+        before = {id(t): t.data_ptr() for t in tensors_of(step)}
+        for _ in range(3):
+            step()
+        after = {id(t): t.data_ptr() for t in tensors_of(step)}
+        assert after == before, f"{step.func.__name__} replaces or moves a tensor it keeps"
+
+
+@pytest.mark.parametrize("script", FAST_PATH_SCRIPTS)
+def test_compile_matches_eager_and_compiles_once(script, tmp_path, monkeypatch):
+    """20 updates with --compile end within 1e-4 (relative, 1e-5 absolute) of the same steps run eagerly, with no
+    recompile after the first updates while the buffer wraps, and graph breaks only at backward and the optimizer.
+    Eager here is --compile with torch.compile as the identity (the buffer's length on the device, as compiled), and
+    compiled code draws its random numbers as eager does (inductor's fallback_random; by default it has its own
+    generator: other batches and noise, as good but not comparable). The tolerance: float32 rounding of reordered
+    sums, carried through 20 Adam steps; a wrong update (a missed target update, another batch) moves parameters by
+    ~1e-3 or more in 20 steps."""
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "compile", lambda step: step)
+        eager = run_main(script, TWENTY_UPDATES + ["--compile"], tmp_path / "eager", monkeypatch)
+    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    module, graphs = importlib.import_module(script), []
+    record = module.Run.record
+
+    def counting(self, global_step, update, **metrics):
+        graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+        return record(self, global_step, update, **metrics)
+
+    monkeypatch.setattr(module.Run, "record", counting)
+    compiled = run_main(script, TWENTY_UPDATES + ["--compile"], tmp_path / "compiled", monkeypatch)
+    assert graphs[-1] == graphs[5], f"recompiled after update 5: {graphs[5]} graphs then, {graphs[-1]} at the end"
+    breaks = [reason.splitlines()[0] + " " + reason for reason in torch._dynamo.utils.counters["graph_break"]]
+    assert all(any(word in reason for word in ALLOWED_BREAKS) for reason in breaks), breaks
+    expected, actual = load_checkpoint(eager["run_dir"])["state"], load_checkpoint(compiled["run_dir"])["state"]
+    compared = 0
+    for name, value in expected.items():
+        if isinstance(value, dict) and all(isinstance(t, torch.Tensor) for t in value.values()):  # a network
+            for key, tensor in value.items():
+                torch.testing.assert_close(actual[name][key], tensor, rtol=1e-4, atol=1e-5,
+                                           msg=lambda m: f"{name}.{key}: {m}")
+                compared += 1
+    assert compared
