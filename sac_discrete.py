@@ -49,6 +49,7 @@ import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from typing import Optional
 
 import gymnasium as gym
@@ -223,44 +224,60 @@ class Critic(nn.Module):
 
 
 class ReplayBuffer:
-    """Uniform replay of vector observations in preallocated tensors on the training device: observations as
-    float32, actions as integers. Sampling draws indices on the device."""
+    """Uniform replay in one preallocated float32 tensor on the training device.
 
-    def __init__(self, capacity, obs_shape, device):
+    A row is [obs, action, reward, terminated, next_obs], written by slice from one asynchronous upload per vector
+    step. A batch is gathered into `self.batch`, which stays in one place in memory (as a CUDA graph needs). Actions
+    are stored as floats (exact for any action count below 2**24).
+    """
+
+    def __init__(self, capacity, obs_dim, act_dim, batch_size, device, device_length=False):
         self.capacity, self.device, self.pos, self.full = capacity, device, 0, False
-        self.fields = {"obs": torch.zeros(capacity, *obs_shape, device=device),
-                       "action": torch.zeros(capacity, dtype=torch.long, device=device),
-                       "reward": torch.zeros(capacity, 1, device=device),
-                       "terminated": torch.zeros(capacity, 1, device=device),
-                       "next_obs": torch.zeros(capacity, *obs_shape, device=device)}
+        self.split = [obs_dim, act_dim, 1, 1, obs_dim]
+        self.data = torch.zeros(capacity, sum(self.split), device=device)
+        self.batch = torch.zeros(batch_size, sum(self.split), device=device)
+        # --compile/--cudagraphs sample with the length as a device tensor: a graph cannot take a new host number
+        # each step. Without them sampling keeps a host length, and its random numbers (the golden runs).
+        self.length = torch.zeros((), dtype=torch.int64, device=device) if device_length else None
 
     def __len__(self):
         return self.capacity if self.full else self.pos
 
-    def add(self, obs, action, reward, terminated, next_obs, done=None):
-        """One vector step's transitions (`done`, the episodes' ends, only matters to FrameReplayBuffer)."""
-        idx = torch.from_numpy((self.pos + np.arange(len(obs))) % self.capacity).to(self.device)
-        values = {"obs": obs, "action": action, "reward": reward[:, None], "terminated": terminated[:, None],
-                  "next_obs": next_obs}
-        for name, value in values.items():
-            field = self.fields[name]
-            field[idx] = torch.as_tensor(np.asarray(value), dtype=field.dtype).to(self.device)
-        self.full = self.full or self.pos + len(obs) >= self.capacity
-        self.pos = (self.pos + len(obs)) % self.capacity
+    def add(self, obs, action, reward, terminated, next_obs, acting_obs, done=None):
+        """Store one row per env; `acting_obs`, the observation the policy acts on next, travels in the same
+        upload, and its device copy is returned (`done`, the episodes' ends, only matters to FrameReplayBuffer)."""
+        rows = np.concatenate([obs, action[:, None], reward[:, None], terminated[:, None], next_obs], 1)
+        n, width = rows.shape
+        # The acting observation first: at the start of the tensor, aligned in memory as a tensor of its own is, so
+        # the policy's matmul computes the same bits.
+        uploaded = upload(np.concatenate([acting_obs.ravel(), rows.ravel()]), self.device)
+        acting_obs, rows = uploaded[: acting_obs.size].view(acting_obs.shape), uploaded[acting_obs.size:].view(n, width)
+        first = min(n, self.capacity - self.pos)  # the rows before the ring wraps around
+        self.data[self.pos: self.pos + first] = rows[:first]
+        self.data[: n - first] = rows[first:]
+        self.full = self.full or self.pos + n >= self.capacity
+        self.pos = (self.pos + n) % self.capacity
+        if self.length is not None:
+            self.length.fill_(len(self))
+        return acting_obs
 
-    def sample(self, batch_size):
-        """obs, action, reward, terminated, next_obs; action of shape (batch,), reward and terminated (batch, 1)."""
-        idx = torch.randint(0, len(self), (batch_size,), device=self.device)
-        return [field[idx] for field in self.fields.values()]
+    def sample(self):
+        """obs, action, reward, terminated, next_obs of a uniform batch; reward and terminated of shape (batch, 1)."""
+        if self.length is None:
+            idx = torch.randint(0, len(self), (len(self.batch),), device=self.device)
+        else:
+            idx = torch.randint(0, 2**62, (len(self.batch),), device=self.device) % self.length
+        self.batch.copy_(self.data[idx])
+        return self.batch.split(self.split, dim=1)
 
     def state_dict(self):
-        return {**{name: field[: len(self)].to("cpu", copy=True) for name, field in self.fields.items()},
-                "pos": self.pos, "full": self.full}
+        return {"data": self.data[: len(self)].to("cpu", copy=True), "pos": self.pos, "full": self.full}
 
     def load_state_dict(self, state):
-        for name, field in self.fields.items():
-            field[: len(state[name])] = state[name].to(self.device)
+        self.data[: len(state["data"])] = state["data"].to(self.device)
         self.pos, self.full = state["pos"], state["full"]
+        if self.length is not None:
+            self.length.fill_(len(self))
 
 
 class FrameReplayBuffer:
@@ -272,9 +289,9 @@ class FrameReplayBuffer:
     the next transition's row, or at an episode's end a row that holds only the final frame. The rings live on
     `storage` (the training device, or pinned host memory when it has no room); batches go to `device`."""
 
-    def __init__(self, capacity, obs_shape, num_envs, device, storage=None):
+    def __init__(self, capacity, obs_shape, num_envs, batch_size, device, storage=None):
         storage = device if storage is None else storage
-        self.stack, self.rows, self.device = obs_shape[0], capacity // num_envs + 1, device
+        self.stack, self.rows, self.batch_size, self.device = obs_shape[0], capacity // num_envs + 1, batch_size, device
 
         def zeros(dtype, *shape):
             return torch.zeros(num_envs, self.rows, *shape, dtype=dtype, device=storage,
@@ -286,7 +303,9 @@ class FrameReplayBuffer:
         self.pos = np.full(num_envs, -1)  # each env's row of its current observation
         self.new_episode = np.ones(num_envs, dtype=bool)
 
-    def add(self, obs, action, reward, terminated, next_obs, done):
+    def add(self, obs, action, reward, terminated, next_obs, acting_obs, done):
+        """One vector step's transitions; returns `acting_obs`, the observation the policy acts on next, on the
+        device."""
         f, envs = self.fields, np.arange(len(obs))
         pos = np.where(self.new_episode, (self.pos + 1) % self.rows, self.pos)  # a reset observation: a new row
         starts = self.new_episode
@@ -303,6 +322,7 @@ class FrameReplayBuffer:
         for j in range(self.stack):
             f["valid"][envs, (nxt + j) % self.rows] = False
         self.pos, self.new_episode = nxt, np.asarray(done, dtype=bool).copy()
+        return upload(acting_obs, self.device)
 
     def frames(self, env, row):
         """The stacked observation whose newest frame is at `row`: (batch, stack, H, W)."""
@@ -310,10 +330,10 @@ class FrameReplayBuffer:
         rows = (row[:, None] - torch.minimum(back, self.fields["steps"][env, row][:, None])) % self.rows
         return self.fields["frame"][env[:, None], rows]
 
-    def sample(self, batch_size):
+    def sample(self):
         """obs, action, reward, terminated, next_obs, as ReplayBuffer.sample."""
         valid = self.fields["valid"].flatten()
-        flat = torch.multinomial(valid.float(), batch_size, replacement=True)
+        flat = torch.multinomial(valid.float(), self.batch_size, replacement=True)
         env, row = flat // self.rows, flat % self.rows
         f = self.fields
         batch = [self.frames(env, row), f["action"][env, row], f["reward"][env, row][:, None],
@@ -349,7 +369,8 @@ def update_critic(batch, actor, qf, qf_target, q_optimizer, alpha, args):
     with torch.no_grad():
         next_q = qf_target(next_obs).min(0).values
         target = td_target(reward, terminated, next_q, actor(next_obs), alpha, args.gamma)
-    q = qf(obs).gather(2, action[None, :, None].expand(len(qf.qs), -1, 1))  # Q_i(s, a_taken), (num_q, batch, 1)
+    taken = action.long().view(1, -1, 1).expand(len(qf.qs), -1, 1)
+    q = qf(obs).gather(2, taken)  # Q_i(s, a_taken), (num_q, batch, 1)
     qf_loss = ((q - target) ** 2).mean((1, 2)).sum()
     q_optimizer.zero_grad(set_to_none=True)
     qf_loss.backward()
@@ -379,12 +400,25 @@ def update_alpha(entropy, log_alpha, alpha_optimizer, target_entropy):
     alpha_optimizer.step()
     return alpha_loss.detach()
 
+def update(rb, actor, qf, qf_target, q_optimizer, actor_optimizer, log_alpha, alpha_optimizer, target_entropy, args):
+    """One update on a new batch: the critics, the actor, then alpha (with --autotune). Returns the losses, the
+    critics' mean Q values and the policy's mean entropy."""
+    batch = rb.sample()
+    alpha = log_alpha.exp().detach()
+    qf_loss, qf_values = update_critic(batch, actor, qf, qf_target, q_optimizer, alpha, args)
+    actor_loss, entropy = update_actor(batch[0], actor, qf, actor_optimizer, alpha)
+    alpha_loss = (update_alpha(entropy, log_alpha, alpha_optimizer, target_entropy) if args.autotune
+                  else torch.zeros((), device=alpha.device))
+    return qf_loss, qf_values, actor_loss, alpha_loss, entropy.mean()
 
 
-def to_tensor(obs, device):
-    """Observations to the device: frames stay uint8 (the networks scale them), anything else becomes float32."""
-    obs = np.asarray(obs)
-    return torch.as_tensor(obs if obs.dtype == np.uint8 else obs.astype(np.float32), device=device)
+def upload(array, device):
+    """A host array as a tensor on `device`, without waiting for a GPU: copied from pinned memory, asynchronously
+    (later work on the device is ordered after the copy). Frames stay uint8 (the networks scale them), anything
+    else becomes float32."""
+    array = np.asarray(array)
+    tensor = torch.as_tensor(array, dtype=torch.uint8 if array.dtype == np.uint8 else torch.float32)
+    return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor
 
 
 def true_next_obs(next_obs, infos):
@@ -401,6 +435,8 @@ def main(args):
     args = replace(args, **{name: value for name, value in OBSERVATION_DEFAULTS[observations].items()
                             if getattr(args, name) is None})
     check_args(args)
+    if args.cudagraphs and observations == "image":  # the frames may live in host memory, which a graph cannot read
+        fail("--cudagraphs is for vector observations; image observations run eagerly or with --compile")
     checkpoint = read_checkpoint(args)
     device = choose_device(args)
 
@@ -421,16 +457,24 @@ def main(args):
     log_alpha = torch.tensor(float(np.log(1.0 if args.autotune else args.alpha)), device=device, requires_grad=True)
     target_entropy = args.target_entropy_ratio * float(np.log(n_actions))
     # fused: one kernel for all parameters, 2-3x faster than the default foreach Adam on CPU; same update rule
-    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, eps=args.adam_eps, fused=True)
-    q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.q_lr, eps=args.adam_eps, fused=True)
-    alpha_optimizer = torch.optim.Adam([log_alpha], lr=args.q_lr, eps=args.adam_eps, fused=True)
+    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, eps=args.adam_eps, fused=True,
+                                       capturable=args.cudagraphs)
+    q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.q_lr, eps=args.adam_eps, fused=True,
+                                   capturable=args.cudagraphs)
+    alpha_optimizer = torch.optim.Adam([log_alpha], lr=args.q_lr, eps=args.adam_eps, fused=True,
+                                       capturable=args.cudagraphs)
+    graphs = args.compile or args.cudagraphs
     if observations == "image":  # frames stored once; on the host, pinned, when the GPU has no room for them
-        storage = replay_storage(FrameReplayBuffer(args.buffer_size, obs_shape, args.num_envs, device,
-                                                   torch.device("meta")), device)
-        rb = FrameReplayBuffer(args.buffer_size, obs_shape, args.num_envs, device, storage)
+        storage = replay_storage(FrameReplayBuffer(args.buffer_size, obs_shape, args.num_envs, args.batch_size,
+                                                   device, torch.device("meta")), device)
+        rb = FrameReplayBuffer(args.buffer_size, obs_shape, args.num_envs, args.batch_size, device, storage)
     else:  # replay_storage fails with one line when the buffer does not fit
-        replay_storage(ReplayBuffer(args.buffer_size, obs_shape, torch.device("meta")), device)
-        rb = ReplayBuffer(args.buffer_size, obs_shape, device)
+        replay_storage(ReplayBuffer(args.buffer_size, obs_shape[0], 1, args.batch_size, torch.device("meta")), device)
+        rb = ReplayBuffer(args.buffer_size, obs_shape[0], 1, args.batch_size, device, device_length=graphs)
+    # The updates as callables without arguments, compiled or captured as CUDA graphs under the flags.
+    update_step = accelerate(partial(update, rb, actor, qf, qf_target, q_optimizer, actor_optimizer, log_alpha,
+                                     alpha_optimizer, target_entropy, args), args)
+    target_step = accelerate(partial(soft_update, qf_target, qf, args.tau), args)
     # Everything a checkpoint holds besides the loop's counters and the envs: --resume restores exactly these.
     state = {"actor": actor, "qf": qf, "qf_target": qf_target, "log_alpha": log_alpha,
              "actor_optimizer": actor_optimizer, "q_optimizer": q_optimizer, "alpha_optimizer": alpha_optimizer,
@@ -438,22 +482,26 @@ def main(args):
     run = Run(args, checkpoint, device)
 
     obs, _ = envs.reset(seed=args.seed)
+    obs_on_device = upload(obs, device)
     episode_return, episode_length = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
     global_step, num_updates = 0, 0
     if checkpoint:
         (global_step, num_updates), episodes = run.restore(checkpoint, state, envs.envs)
         obs, episode_return, episode_length = episodes or (obs, episode_return, episode_length)
-    actor_loss = alpha_loss = torch.zeros((), device=device)
+        obs_on_device = upload(obs, device)
     try:
         while global_step < args.total_timesteps:
             if global_step < args.learning_starts:
                 action = rng.integers(0, n_actions, args.num_envs)
             else:
                 with torch.no_grad():
-                    log_pi = actor(to_tensor(obs, device))
-                if not torch.isfinite(log_pi).all():  # the action goes to the host anyway: a cheap check every step
+                    log_pi = actor(obs_on_device)
+                    finite = torch.isfinite(log_pi).all(-1)  # travels with the action: one copy, checked on the host
+                    action = torch.distributions.Categorical(logits=log_pi.where(finite[:, None], 0.0),
+                                                             validate_args=False).sample()
+                    action, finite = torch.stack([action, finite.long()]).cpu().numpy()
+                if not finite.all():
                     run.flush(global_step, cause=f"policy at global_step {global_step}")
-                action = torch.distributions.Categorical(logits=log_pi).sample().cpu().numpy()
             next_obs, reward, terminated, truncated, infos = envs.step(action)
             global_step += args.num_envs
             run.check_finite(global_step, observation=next_obs)
@@ -465,24 +513,19 @@ def main(args):
                 episode_return[i], episode_length[i] = 0.0, 0
 
             # Atari trains on rewards clipped to their sign (as CleanRL); returns are logged unclipped.
-            rb.add(obs, action, np.sign(reward) if observations == "image" else reward, terminated,
-                   true_next_obs(next_obs, infos), terminated | truncated)
+            obs_on_device = rb.add(obs, action, np.sign(reward) if observations == "image" else reward, terminated,
+                                   true_next_obs(next_obs, infos), next_obs, terminated | truncated)
             obs = next_obs
 
             if global_step > args.learning_starts and crossed(global_step, args.update_frequency, args.num_envs):
-                batch = rb.sample(args.batch_size)
-                alpha = log_alpha.exp().detach()
-                qf_loss, qf_values = update_critic(batch, actor, qf, qf_target, q_optimizer, alpha, args)
-                actor_loss, entropy = update_actor(batch[0], actor, qf, actor_optimizer, alpha)
-                if args.autotune:
-                    alpha_loss = update_alpha(entropy, log_alpha, alpha_optimizer, target_entropy)
+                qf_loss, qf_values, actor_loss, alpha_loss, entropy = update_step()
                 num_updates += 1
                 run.record(global_step, num_updates, qf_loss=qf_loss, actor_loss=actor_loss, alpha_loss=alpha_loss,
-                           alpha=log_alpha.exp().detach(), entropy=entropy.mean(), qf1_values=qf_values[0],
+                           alpha=log_alpha.exp().detach(), entropy=entropy, qf1_values=qf_values[0],
                            qf2_values=qf_values[1])
             if global_step > args.learning_starts and crossed(global_step, args.target_network_frequency,
                                                               args.num_envs):
-                soft_update(qf_target, qf, args.tau)  # with --tau 1, a hard copy
+                target_step()  # with --tau 1, a hard copy
 
             run.progress(global_step, num_updates)
             done = global_step >= args.total_timesteps
@@ -563,6 +606,8 @@ def check_args(args):
         fail(f"--target-entropy-ratio must lie in (0, 1), got {args.target_entropy_ratio}")
     if args.batch_size > args.buffer_size:
         fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs a GPU: " + ("--no-cuda is set" if not args.cuda else "none is available"))
     if args.learning_starts >= args.total_timesteps:
         fail(f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}: no "
              "update would ever happen")
@@ -619,6 +664,39 @@ def choose_device(args):
     return torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
 
 
+def accelerate(step, args):
+    """An update step (a callable without arguments) as it runs: as it is, torch.compile'd (--compile), and/or
+    captured as one CUDA graph (--cudagraphs)."""
+    step = torch.compile(step) if args.compile else step
+    return CudaGraph(step) if args.cudagraphs else step
+
+
+class CudaGraph:
+    """--cudagraphs: `step` runs eagerly for `warmup` calls on a side stream (optimizer state, compilation), is then
+    captured once and replayed: one launch per update instead of one per kernel. It may only read and write tensors
+    that stay in place (in-place state, the buffer's `batch` and `length`), and it returns the same output tensors,
+    overwritten, at every replay."""
+
+    def __init__(self, step, warmup=3):
+        self.step, self.warmup, self.graph, self.outputs = step, warmup, None, None
+
+    def __call__(self):
+        if self.warmup:
+            self.warmup -= 1
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                outputs = self.step()
+            torch.cuda.current_stream().wait_stream(stream)
+            return outputs
+        if self.graph is None:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.outputs = self.step()
+        self.graph.replay()
+        return self.outputs
+
+
 def crossed(step, freq, step_size):
     """True when the last step_size steps, ending at step, crossed a multiple of freq (never when freq is 0)."""
     return freq > 0 and step // freq != (step - step_size) // freq
@@ -656,7 +734,7 @@ def evaluate(policy, env_id, episodes, seed, device, video_folder=None, video_pr
         done, episode_return = False, 0.0
         while not done:
             with torch.no_grad():
-                action = policy(to_tensor(obs, device)[None])[0].item()
+                action = policy(upload(obs[None], device))[0].item()  # the one wait per step
             obs, reward, terminated, truncated, _ = env.step(action)
             episode_return += float(reward)
             done = terminated or truncated

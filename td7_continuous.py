@@ -45,6 +45,7 @@ import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Optional
 
 import gymnasium as gym
@@ -231,43 +232,66 @@ class Critic(nn.Module):
 class LAPReplayBuffer:
     """LAP replay in one preallocated float32 tensor on the training device, with a priority per row.
 
-    A row is [obs, action, reward, terminated, next_obs], actions normalised to [-1, 1]. New rows get the
-    current max priority; a batch is drawn with probability proportional to priority (exactly: a cumulative
-    sum and a binary search, as the authors' code); there are no importance weights.
+    A row is [obs, action, reward, terminated, next_obs], actions normalised to [-1, 1], written by slice from one
+    asynchronous upload per vector step. New rows get the current max priority; a batch is drawn with probability
+    proportional to priority (exactly: a cumulative sum and a binary search, as the authors' code), into
+    `self.batch`, which stays in one place in memory (as a CUDA graph needs); there are no importance weights.
     """
 
-    def __init__(self, capacity, obs_dim, act_dim, device):
+    def __init__(self, capacity, obs_dim, act_dim, batch_size, device, device_length=False):
         self.capacity, self.device, self.pos, self.full = capacity, device, 0, False
         self.split = [obs_dim, act_dim, 1, 1, obs_dim]
         self.data = torch.zeros(capacity, sum(self.split), device=device)
+        self.batch = torch.zeros(batch_size, sum(self.split), device=device)
         self.priority = torch.zeros(capacity, device=device)
         self.max_priority = torch.ones((), device=device)
-        self.idx = None  # the rows of the last batch, whose priorities update_priority sets
+        self.idx = torch.zeros(batch_size, dtype=torch.int64, device=device)  # the last batch's rows
+        # --compile/--cudagraphs sample with the length as a device tensor: a graph cannot take a new host number
+        # each step. Without them sampling keeps a host length, and its random numbers (the golden runs).
+        self.length = torch.zeros((), dtype=torch.int64, device=device) if device_length else None
 
     def __len__(self):
         return self.capacity if self.full else self.pos
 
-    def add(self, obs, action, reward, terminated, next_obs):
-        rows = np.concatenate([obs, action, reward[:, None], terminated[:, None], next_obs], 1, dtype=np.float32)
-        idx = torch.from_numpy((self.pos + np.arange(len(rows))) % self.capacity).to(self.device)
-        self.data[idx] = torch.from_numpy(rows).to(self.device)
-        self.priority[idx] = self.max_priority
-        self.full = self.full or self.pos + len(rows) >= self.capacity
-        self.pos = (self.pos + len(rows)) % self.capacity
+    def add(self, obs, action, reward, terminated, next_obs, acting_obs=None):
+        """Store one row per env; `acting_obs`, the observation the policy acts on next, travels in the same
+        upload, and its device copy is returned (None without one: a dataset)."""
+        rows = np.concatenate([obs, action, reward[:, None], terminated[:, None], next_obs], 1)
+        n, width = rows.shape
+        acting_obs = np.zeros((0, obs.shape[1])) if acting_obs is None else acting_obs
+        # The acting observation first: at the start of the tensor, aligned in memory as a tensor of its own is, so
+        # the policy's matmul computes the same bits.
+        uploaded = upload(np.concatenate([acting_obs.ravel(), rows.ravel()]), self.device)
+        acting_obs, rows = uploaded[: acting_obs.size].view(acting_obs.shape), uploaded[acting_obs.size:].view(n, width)
+        first = min(n, self.capacity - self.pos)  # the rows before the ring wraps around
+        self.data[self.pos: self.pos + first] = rows[:first]
+        self.data[: n - first] = rows[first:]
+        self.priority[self.pos: self.pos + first] = self.max_priority
+        self.priority[: n - first] = self.max_priority
+        self.full = self.full or self.pos + n >= self.capacity
+        self.pos = (self.pos + n) % self.capacity
+        if self.length is not None:
+            self.length.fill_(len(self))
+        return acting_obs if len(acting_obs) else None
 
-    def sample(self, batch_size):
+    def sample(self):
         """obs, action, reward, terminated, next_obs; reward and terminated of shape (batch, 1)."""
-        csum = torch.cumsum(self.priority[: len(self)], 0)
-        value = torch.rand(batch_size, device=self.device) * csum[-1]
-        self.idx = torch.searchsorted(csum, value).clamp(max=len(self) - 1)
-        return self.data[self.idx].split(self.split, dim=1)
+        if self.length is None:
+            csum = torch.cumsum(self.priority[: len(self)], 0)
+            last = len(self) - 1
+        else:  # over the whole ring: the rows not yet written have priority 0 and are never drawn
+            csum, last = torch.cumsum(self.priority, 0), self.length - 1
+        value = torch.rand(len(self.batch), device=self.device) * csum[-1]
+        self.idx.copy_(torch.searchsorted(csum, value).clamp(max=last))
+        self.batch.copy_(self.data[self.idx])
+        return self.batch.split(self.split, dim=1)
 
     def update_priority(self, priority):
         self.priority[self.idx] = priority
-        self.max_priority = torch.maximum(self.max_priority, priority.max())
+        self.max_priority.copy_(torch.maximum(self.max_priority, priority.max()))
 
     def reset_max_priority(self):
-        self.max_priority = self.priority[: len(self)].max()
+        self.max_priority.copy_(self.priority[: len(self)].max())
 
     def state_dict(self):
         return {"data": self.data[: len(self)].to("cpu", copy=True), "pos": self.pos, "full": self.full,
@@ -276,7 +300,17 @@ class LAPReplayBuffer:
     def load_state_dict(self, state):
         self.data[: len(state["data"])] = state["data"].to(self.device)
         self.priority[: len(state["priority"])] = state["priority"].to(self.device)
-        self.pos, self.full, self.max_priority = state["pos"], state["full"], state["max_priority"].to(self.device)
+        self.pos, self.full = state["pos"], state["full"]
+        self.max_priority.copy_(state["max_priority"])
+        if self.length is not None:
+            self.length.fill_(len(self))
+
+
+def upload(array, device):
+    """A host array as a float32 tensor on `device`, without waiting for a GPU: copied from pinned memory,
+    asynchronously (later work on the device is ordered after the copy)."""
+    tensor = torch.as_tensor(array, dtype=torch.float32)
+    return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor
 
 
 def td_target(reward, terminated, next_q, gamma):
@@ -339,6 +373,21 @@ def update_actor(batch, fixed_zs, actor, qf, fixed_encoder, actor_optimizer, arg
     actor_loss.backward()
     actor_optimizer.step()
     return actor_loss.detach()
+
+
+def update(rb, encoder, actor, qf, fixed_encoder, fixed_encoder_target, actor_target, qf_target, value_range,
+           value_clip, encoder_optimizer, q_optimizer, actor_optimizer, args, with_actor):
+    """One update on a new batch: the encoder, the critic, the batch's LAP priorities, and with_actor the actor.
+    Returns its losses and the critic's mean Q values by name."""
+    batch = rb.sample()
+    encoder_loss = update_encoder(batch, encoder, encoder_optimizer)
+    qf_loss, td, qf_values, fixed_zs = update_critic(batch, actor_target, qf, qf_target, q_optimizer, fixed_encoder,
+                                                     fixed_encoder_target, value_range, value_clip, args)
+    rb.update_priority(td.max(1)[0].clamp(min=args.min_priority).pow(args.alpha))  # LAP
+    metrics = {"qf_loss": qf_loss, "encoder_loss": encoder_loss, "qf1_values": qf_values[0], "qf2_values": qf_values[1]}
+    if with_actor:
+        metrics["actor_loss"] = update_actor(batch, fixed_zs, actor, qf, fixed_encoder, actor_optimizer, args)
+    return metrics
 
 
 @dataclass
@@ -415,12 +464,20 @@ def main(args):
     # Value clipping: targets are clipped to the (min, max) of all targets seen up to the last target update.
     value_range, value_clip = torch.tensor([1e8, -1e8], device=device), torch.zeros(2, device=device)
     # fused: one kernel for all parameters, 2-3x faster than the default foreach Adam on CPU; same update rule
-    encoder_optimizer = torch.optim.Adam(encoder.parameters(), lr=args.encoder_lr, fused=True)
-    q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.q_lr, fused=True)
-    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True)
+    encoder_optimizer = torch.optim.Adam(encoder.parameters(), lr=args.encoder_lr, fused=True,
+                                         capturable=args.cudagraphs)
+    q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.q_lr, fused=True, capturable=args.cudagraphs)
+    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True, capturable=args.cudagraphs)
+    graphs = args.compile or args.cudagraphs
     capacity = len(dataset["observations"]) if args.offline else args.buffer_size
-    check_memory(LAPReplayBuffer(capacity, obs_dim, act_dim, torch.device("meta")), device)
-    rb = LAPReplayBuffer(capacity, obs_dim, act_dim, device)
+    check_memory(LAPReplayBuffer(capacity, obs_dim, act_dim, args.batch_size, torch.device("meta")), device)
+    rb = LAPReplayBuffer(capacity, obs_dim, act_dim, args.batch_size, device, device_length=graphs)
+    # The update with and without the delayed actor step, as callables without arguments, compiled or captured as
+    # CUDA graphs under the flags.
+    update_steps = [accelerate(partial(update, rb, encoder, actor, qf, fixed_encoder, fixed_encoder_target,
+                                       actor_target, qf_target, value_range, value_clip, encoder_optimizer,
+                                       q_optimizer, actor_optimizer, args, with_actor), args)
+                    for with_actor in (False, True)]
     if args.offline and not checkpoint:
         rb.add(*(dataset[key] for key in ("observations", "actions", "rewards", "terminals", "next_observations")))
     policy, use_checkpoints = CheckpointPolicy(), args.checkpoints and not args.offline  # TD7's, online only
@@ -435,12 +492,14 @@ def main(args):
     run = Run(args, checkpoint, device)
 
     obs, _ = envs.reset(seed=args.seed)
+    obs_on_device = upload(obs, device)
     episode_return, episode_length = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
     global_step, num_updates, allow_train = 0, 0, args.offline
     if checkpoint:
         (global_step, num_updates, allow_train), episodes = run.restore(checkpoint, state, envs.envs)
         obs, episode_return, episode_length = episodes or (obs, episode_return, episode_length)
-    actor_loss = torch.zeros((), device=device)
+        obs_on_device = upload(obs, device)
+    metrics = {"actor_loss": torch.zeros((), device=device)}  # the last of each, as the actor's is delayed
     try:
         while global_step < args.total_timesteps:
             if args.offline:  # one update per step, on the dataset
@@ -450,8 +509,7 @@ def main(args):
                     action = rng.uniform(-1.0, 1.0, (args.num_envs, act_dim))
                 else:
                     with torch.no_grad():
-                        o = torch.as_tensor(obs, dtype=torch.float32, device=device)
-                        action = actor(o, fixed_encoder.zs(o))
+                        action = actor(obs_on_device, fixed_encoder.zs(obs_on_device))
                         action = (action + torch.randn_like(action) * args.exploration_noise).clamp(-1.0, 1.0)
                         action = action.cpu().numpy()
                     run.check_finite(global_step, action=action)  # the action is on the host anyway: a free check
@@ -474,21 +532,14 @@ def main(args):
                     allow_train = allow_train or global_step > args.learning_starts
                     episode_return[i], episode_length[i] = 0.0, 0
 
-                rb.add(obs, action, reward, terminated, true_next_obs(next_obs, infos))
+                obs_on_device = rb.add(obs, action, reward, terminated, true_next_obs(next_obs, infos), next_obs)
                 obs = next_obs
 
             for _ in range(num_new_updates):
                 if use_checkpoints:
                     policy.before_update(num_updates, args)
                 num_updates += 1
-                batch = rb.sample(args.batch_size)
-                encoder_loss = update_encoder(batch, encoder, encoder_optimizer)
-                qf_loss, td, qf_values, fixed_zs = update_critic(batch, actor_target, qf, qf_target, q_optimizer,
-                                                                 fixed_encoder, fixed_encoder_target, value_range,
-                                                                 value_clip, args)
-                rb.update_priority(td.max(1)[0].clamp(min=args.min_priority).pow(args.alpha))  # LAP
-                if num_updates % args.policy_frequency == 0:
-                    actor_loss = update_actor(batch, fixed_zs, actor, qf, fixed_encoder, actor_optimizer, args)
+                metrics.update(update_steps[num_updates % args.policy_frequency == 0]())
                 if num_updates % args.target_update_rate == 0:  # the cascade: each target takes what it follows
                     actor_target.load_state_dict(actor.state_dict())
                     qf_target.load_state_dict(qf.state_dict())
@@ -496,8 +547,7 @@ def main(args):
                     fixed_encoder.load_state_dict(encoder.state_dict())
                     rb.reset_max_priority()
                     value_clip.copy_(value_range)
-                run.record(global_step, num_updates, qf_loss=qf_loss, actor_loss=actor_loss, encoder_loss=encoder_loss,
-                           qf1_values=qf_values[0], qf2_values=qf_values[1])
+                run.record(global_step, num_updates, **metrics)
 
             run.progress(global_step, num_updates)
             done = global_step >= args.total_timesteps
@@ -584,6 +634,8 @@ def check_args(args):
             fail(f"{flag} must lie in [0, 1], got {value}")
     if args.batch_size > args.buffer_size:
         fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs a GPU: " + ("--no-cuda is set" if not args.cuda else "none is available"))
     if args.learning_starts >= args.total_timesteps and not args.offline:
         fail(f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}: no "
              "update would ever happen")
@@ -668,6 +720,39 @@ def choose_device(args):
     return torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
 
 
+def accelerate(step, args):
+    """An update step (a callable without arguments) as it runs: as it is, torch.compile'd (--compile), and/or
+    captured as one CUDA graph (--cudagraphs)."""
+    step = torch.compile(step) if args.compile else step
+    return CudaGraph(step) if args.cudagraphs else step
+
+
+class CudaGraph:
+    """--cudagraphs: `step` runs eagerly for `warmup` calls on a side stream (optimizer state, compilation), is then
+    captured once and replayed: one launch per update instead of one per kernel. It may only read and write tensors
+    that stay in place (in-place state, the buffer's `batch` and `length`), and it returns the same output tensors,
+    overwritten, at every replay."""
+
+    def __init__(self, step, warmup=3):
+        self.step, self.warmup, self.graph, self.outputs = step, warmup, None, None
+
+    def __call__(self):
+        if self.warmup:
+            self.warmup -= 1
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                outputs = self.step()
+            torch.cuda.current_stream().wait_stream(stream)
+            return outputs
+        if self.graph is None:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.outputs = self.step()
+        self.graph.replay()
+        return self.outputs
+
+
 def crossed(step, freq, step_size):
     """True when the last step_size steps, ending at step, crossed a multiple of freq (never when freq is 0)."""
     return freq > 0 and step // freq != (step - step_size) // freq
@@ -710,7 +795,7 @@ def evaluate(policy, env_id, episodes, seed, device, video_folder=None, video_pr
         done, episode_return = False, 0.0
         while not done:
             with torch.no_grad():
-                action = policy(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])[0].cpu().numpy()
+                action = policy(upload(obs[None], device))[0].cpu().numpy()  # the one wait per step
             obs, reward, terminated, truncated, _ = env.step(to_env(action, low, high))
             episode_return += float(reward)
             done = terminated or truncated

@@ -35,6 +35,8 @@ OWN = {
                        "one critic": (["--num-critics", "1"], "--num-critics must be at least 2")},
     "sac_discrete": {"wrong action space": (["--env-id", "Pendulum-v1"], "Box action space"),
                      "ratio of one": (["--target-entropy-ratio", "1.0"], "--target-entropy-ratio must lie in (0, 1)"),
+                     "cudagraphs with images": (["--env-id", "PongNoFrameskip-v4", "--cudagraphs", "--cuda"],
+                                                "--cudagraphs"),
                      "atari replay larger than memory": (["--env-id", "PongNoFrameskip-v4", "--buffer-size",
                                                           "10000000"], "lower --buffer-size")},
     "td7_continuous": {"wrong action space": (["--env-id", "CartPole-v1"], "Discrete action space"),

@@ -16,6 +16,8 @@ from tests.conftest import FAST_PATH_SCRIPTS, TINY, flags_with, load_checkpoint,
 # and wraps while the steps run, so its length stops changing only after a wrap: a recompile would show.
 TWENTY_UPDATES = flags_with(TINY, total_timesteps=220, buffer_size=150, eval_freq=0, checkpoint_freq=220,
                             log_freq=10)
+# TD7 without its policy checkpoints updates at every step, as the others, instead of in bursts at episode ends.
+OWN_FLAGS = {"td7_continuous": ["--no-checkpoints"]}
 # Graph breaks torch makes in any update (backward and the optimizer's step); any other would be ours.
 ALLOWED_BREAKS = ("backward", "Optimizer", "optimizer", "fused", "torch._dynamo.graph_break()")
 
@@ -60,13 +62,15 @@ def tensors_of(obj, seen=None):
 
 @pytest.mark.parametrize("script", FAST_PATH_SCRIPTS)
 def test_update_steps_keep_their_tensors_in_place(script, tmp_path, monkeypatch):
-    """Three more calls of every update step leave every tensor it can reach at its address, unreplaced: a CUDA graph
-    captured at the first call would otherwise read stale memory. (--compile with torch.compile as the identity:
+    """After a warm-up call, three more calls of every update step leave every tensor it can reach at its address,
+    unreplaced: a CUDA graph captured at the first of them would otherwise read stale memory. (--compile with torch.compile as the identity:
     the steps as --cudagraphs would capture them, the buffer's length on the device.)"""
     monkeypatch.setattr(torch, "compile", lambda step: step)
-    steps, _ = recorded_steps(script, TWENTY_UPDATES + ["--compile"], tmp_path, monkeypatch)
+    steps, _ = recorded_steps(script, TWENTY_UPDATES + OWN_FLAGS.get(script, []) + ["--compile"], tmp_path,
+                              monkeypatch)
     assert steps
     for step in steps:
+        step()  # a warm-up call, as before a capture: the optimizers' state exists from here on
         before = {id(t): t.data_ptr() for t in tensors_of(step)}
         for _ in range(3):
             step()
@@ -76,16 +80,18 @@ def test_update_steps_keep_their_tensors_in_place(script, tmp_path, monkeypatch)
 
 @pytest.mark.parametrize("script", FAST_PATH_SCRIPTS)
 def test_compile_matches_eager_and_compiles_once(script, tmp_path, monkeypatch):
-    """20 updates with --compile end within 1e-4 (relative, 1e-5 absolute) of the same steps run eagerly, with no
-    recompile after the first updates while the buffer wraps, and graph breaks only at backward and the optimizer.
-    Eager here is --compile with torch.compile as the identity (the buffer's length on the device, as compiled), and
-    compiled code draws its random numbers as eager does (inductor's fallback_random; by default it has its own
-    generator: other batches and noise, as good but not comparable). The tolerance: float32 rounding of reordered
-    sums, carried through 20 Adam steps; a wrong update (a missed target update, another batch) moves parameters by
-    ~1e-3 or more in 20 steps."""
+    """20 updates with --compile end within 1e-4 of the same steps run eagerly (the norm of each parameter tensor's
+    difference, relative to its norm), with no recompile after the first updates while the buffer wraps, and graph
+    breaks only at backward and the optimizer. Eager here is --compile with torch.compile as the identity (the
+    buffer's length on the device, as compiled), and compiled code draws its random numbers as eager does (inductor's
+    fallback_random; by default it has its own generator: other batches and noise, as good but not comparable). The
+    tolerance, measured on TD3 and TD7: float32 rounding of reordered sums left at most 2e-6 of the norm (a few
+    elements moved by up to ~1e-5: Adam's step normalises a near-zero gradient), while other batches and noise (the
+    compiled code's own random numbers) moved the most-moved tensor by 2e-2 to 4e-2 of its norm."""
+    flags = TWENTY_UPDATES + OWN_FLAGS.get(script, []) + ["--compile"]
     with monkeypatch.context() as patch:
         patch.setattr(torch, "compile", lambda step: step)
-        eager = run_main(script, TWENTY_UPDATES + ["--compile"], tmp_path / "eager", monkeypatch)
+        eager = run_main(script, flags, tmp_path / "eager", monkeypatch)
     monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
@@ -97,7 +103,7 @@ def test_compile_matches_eager_and_compiles_once(script, tmp_path, monkeypatch):
         return record(self, global_step, update, **metrics)
 
     monkeypatch.setattr(module.Run, "record", counting)
-    compiled = run_main(script, TWENTY_UPDATES + ["--compile"], tmp_path / "compiled", monkeypatch)
+    compiled = run_main(script, flags, tmp_path / "compiled", monkeypatch)
     assert graphs[-1] == graphs[5], f"recompiled after update 5: {graphs[5]} graphs then, {graphs[-1]} at the end"
     breaks = [reason.splitlines()[0] + " " + reason for reason in torch._dynamo.utils.counters["graph_break"]]
     assert all(any(word in reason for word in ALLOWED_BREAKS) for reason in breaks), breaks
@@ -106,7 +112,7 @@ def test_compile_matches_eager_and_compiles_once(script, tmp_path, monkeypatch):
     for name, value in expected.items():
         if isinstance(value, dict) and all(isinstance(t, torch.Tensor) for t in value.values()):  # a network
             for key, tensor in value.items():
-                torch.testing.assert_close(actual[name][key], tensor, rtol=1e-4, atol=1e-5,
-                                           msg=lambda m: f"{name}.{key}: {m}")
+                difference = (actual[name][key] - tensor).norm() / tensor.norm().clamp(min=1e-12)
+                assert difference < 1e-4, f"{name}.{key} differs by {difference:.2e} of its norm"
                 compared += 1
     assert compared

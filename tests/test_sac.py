@@ -167,7 +167,7 @@ def test_frame_buffer_rebuilds_every_stored_observation():
     transition the buffer samples is one that was added (obs, action, reward, terminated, next obs), and the
     transitions added last are all still there, none lost to the ring but the oldest."""
     rng = np.random.default_rng(0)
-    rb = sac_discrete.FrameReplayBuffer(48, (4, 2, 2), 2, torch.device("cpu"))
+    rb = sac_discrete.FrameReplayBuffer(48, (4, 2, 2), 2, 5000, torch.device("cpu"))
     frame = lambda env, episode, t: np.full((2, 2), (env * 50 + episode * 7 + t) % 256, np.uint8)  # noqa: E731
     stacks = [[frame(e, 0, 0)] * 4 for e in range(2)]
     episode, t, added = [0, 0], [0, 0], []
@@ -178,7 +178,7 @@ def test_frame_buffer_rebuilds_every_stored_observation():
         terminated = done & (rng.uniform(size=2) < 0.5)
         next_stacks = [stacks[e][1:] + [frame(e, episode[e], t[e] + 1)] for e in range(2)]
         next_obs = np.stack([np.stack(s) for s in next_stacks])
-        rb.add(obs, action, reward, terminated.astype(np.float32), next_obs, done)
+        rb.add(obs, action, reward, terminated.astype(np.float32), next_obs, next_obs, done)
         added.append([(obs[e].tobytes(), int(action[e]), float(reward[e]), float(terminated[e]), next_obs[e].tobytes())
                       for e in range(2)])
         for e in range(2):
@@ -188,22 +188,23 @@ def test_frame_buffer_rebuilds_every_stored_observation():
                 episode[e], t[e] = episode[e] + 1, 0
                 stacks[e] = [frame(e, episode[e], 0)] * 4
     everything = {transition for step in added for transition in step}
-    obs, action, reward, terminated, next_obs = rb.sample(5000)
+    obs, action, reward, terminated, next_obs = rb.sample()
     sampled = {(o.numpy().tobytes(), int(a), float(r), float(d), n.numpy().tobytes())
                for o, a, r, d, n in zip(obs, action, reward[:, 0], terminated[:, 0], next_obs)}
     assert sampled <= everything
     assert {transition for step in added[-15:] for transition in step} <= sampled
-    restored = sac_discrete.FrameReplayBuffer(48, (4, 2, 2), 2, torch.device("cpu"))
+    restored = sac_discrete.FrameReplayBuffer(48, (4, 2, 2), 2, 100, torch.device("cpu"))
     restored.load_state_dict(rb.state_dict())
     torch.manual_seed(1)
-    again = rb.sample(100)
+    rb.batch_size = 100
+    again = rb.sample()
     torch.manual_seed(1)
-    assert all(torch.equal(x, y) for x, y in zip(again, restored.sample(100)))
+    assert all(torch.equal(x, y) for x, y in zip(again, restored.sample()))
     assert restored.new_episode.all()  # a resumed run starts new episodes
 
 
 def test_default_atari_replay_fits_a_24_gb_gpu():
     """1e6 transitions of 4x84x84 frames, each frame stored once: about 7 GB (storing obs and next obs: 56 GB)."""
-    rb = sac_discrete.FrameReplayBuffer(1_000_000, (4, 84, 84), 1, torch.device("meta"))
+    rb = sac_discrete.FrameReplayBuffer(1_000_000, (4, 84, 84), 1, 64, torch.device("meta"))
     size = sum(t.numel() * t.element_size() for t in rb.fields.values())
     assert 7.0e9 < size < 7.2e9

@@ -1,5 +1,6 @@
 """TD3's own parts: the target, the replay buffer, action scaling, the critic."""
 import numpy as np
+import pytest
 import torch
 
 import td3_continuous as td3
@@ -12,29 +13,35 @@ def test_target_bootstraps_through_truncation_not_termination():
     assert torch.allclose(target, torch.tensor([[1.0], [1.0 + 0.99 * 10.0]]))
 
 
-def test_buffer_wraps_around_and_samples_only_filled_rows():
-    rb = td3.ReplayBuffer(capacity=5, obs_dim=1, act_dim=1, device="cpu")
+@pytest.mark.parametrize("device_length", [False, True])
+def test_buffer_wraps_around_and_samples_only_filled_rows(device_length):
+    """Rows written by slice, split where the ring wraps; sampled with the length on the host, or on the device as
+    under --compile/--cudagraphs; the acting observation comes back from the same upload."""
+    rb = td3.ReplayBuffer(capacity=5, obs_dim=1, act_dim=1, batch_size=2000, device=torch.device("cpu"),
+                          device_length=device_length)
 
     def add(values):  # two envs per step; obs identifies the row
         v = np.array(values, np.float64)
-        rb.add(v[:, None], v[:, None], v, np.zeros(2), v[:, None] + 1)
+        acting = rb.add(v[:, None], v[:, None], v, np.zeros(2), v[:, None] + 1, v[:, None] + 10)
+        assert acting.tolist() == [[x + 10] for x in values]
 
     add([1, 2])
     add([3, 4])
     assert len(rb) == 4
     assert not rb.full
-    obs = rb.sample(2000)[0]
+    obs = rb.sample()[0]
     assert set(obs.flatten().tolist()) == {1.0, 2.0, 3.0, 4.0}  # never an empty row
     add([5, 6])  # 6 goes to row 0: wrap-around
     assert rb.full
     assert rb.pos == 1
     assert len(rb) == 5
     assert rb.data[:, 0].tolist() == [6.0, 2.0, 3.0, 4.0, 5.0]
-    obs, action, reward, terminated, next_obs = rb.sample(2000)
+    obs, action, reward, terminated, next_obs = rb.sample()
     assert set(obs.flatten().tolist()) == {2.0, 3.0, 4.0, 5.0, 6.0}
     assert torch.equal(next_obs, obs + 1)
     assert torch.equal(action, obs)
     assert reward.shape == (2000, 1)
+    assert rb.sample()[0].data_ptr() == obs.data_ptr()  # one batch tensor, refilled in place
 
 
 def test_action_scaling_with_asymmetric_bounds():

@@ -7,8 +7,9 @@ import td7_continuous as td7
 from tests.conftest import TINY, flags_with, load_checkpoint, run_cli, run_main
 
 
-def filled_buffer(n=64, capacity=128):
-    rb = td7.LAPReplayBuffer(capacity, obs_dim=3, act_dim=2, device="cpu")
+def filled_buffer(n=64, capacity=128, batch_size=5000, device_length=False):
+    rb = td7.LAPReplayBuffer(capacity, obs_dim=3, act_dim=2, batch_size=batch_size, device=torch.device("cpu"),
+                             device_length=device_length)
     g = np.random.default_rng(0)
     rb.add(g.normal(size=(n, 3)), g.uniform(-1, 1, (n, 2)), g.normal(size=n), np.zeros(n), g.normal(size=(n, 3)))
     return rb
@@ -27,13 +28,15 @@ def test_lap_huber_by_hand():
     assert td7.LAP_huber(td, min_priority=3.0).item() == pytest.approx((0.125 + 2.0 + 0.5) / 2)
 
 
-def test_lap_samples_in_proportion_to_priority():
-    rb = filled_buffer(n=4, capacity=8)
+@pytest.mark.parametrize("device_length", [False, True])
+def test_lap_samples_in_proportion_to_priority(device_length):
+    """With the length on the host, or on the device (--compile/--cudagraphs: the sum runs over the whole ring)."""
+    rb = filled_buffer(n=4, capacity=8, device_length=device_length)
     rb.priority[:4] = torch.tensor([1.0, 2.0, 3.0, 4.0])
     torch.manual_seed(0)
     counts = torch.zeros(4)
     for _ in range(20):
-        rb.sample(5000)
+        rb.sample()
         counts += torch.bincount(rb.idx, minlength=4)
     freq = counts / counts.sum()
     # 100k draws: the standard error of each frequency is below 0.0015; a uniform sampler gives 0.25 each.
@@ -42,11 +45,11 @@ def test_lap_samples_in_proportion_to_priority():
 
 
 def test_priority_update_max_priority_and_reset():
-    rb = filled_buffer(n=8, capacity=16)
+    rb = filled_buffer(n=8, capacity=16, batch_size=3)
     assert torch.equal(rb.priority[:8], torch.ones(8))
     assert rb.max_priority.item() == 1.0
-    rb.sample(3)
-    rb.idx = torch.tensor([0, 3, 5])  # distinct rows, as if sampled
+    rb.sample()
+    rb.idx.copy_(torch.tensor([0, 3, 5]))  # distinct rows, as if sampled
     rb.update_priority(torch.tensor([5.0, 2.0, 3.0]))
     assert rb.priority[:8].tolist() == [5.0, 1.0, 1.0, 2.0, 1.0, 3.0, 1.0, 1.0]
     assert rb.max_priority.item() == 5.0
