@@ -51,6 +51,7 @@ import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Literal, Optional
 
 import gymnasium as gym
@@ -108,6 +109,10 @@ class Args:
     """write runs/{run_name}/checkpoint.pt every this many env steps and at the end (0: never)"""
     resume: Optional[str] = None
     """path of a checkpoint.pt to continue from (the run keeps its directory)"""
+    compile: bool = False
+    """torch.compile the update steps (CPU or GPU; the same numbers up to float rounding)"""
+    cudagraphs: bool = False
+    """capture each update step once as a CUDA graph and replay it (needs a GPU; can be combined with --compile)"""
 
     # Algorithm specific arguments
     learning_rate: float = 3e-4
@@ -215,29 +220,50 @@ class Critic(nn.Module):
 class ReplayBuffer:
     """Uniform replay in one preallocated float32 tensor on the training device.
 
-    A row is [obs, action, reward, terminated, next_obs]: one host-to-device copy per vector step, one
-    gather per batch. Actions are stored normalised, in [-1, 1].
+    A row is [obs, action, reward, terminated, next_obs], written by slice from one asynchronous upload per vector
+    step. Learner k's batch is gathered into `self.batch[k]`, which stays in one place in memory (as a CUDA graph
+    needs). Actions are stored normalised, in [-1, 1].
     """
 
-    def __init__(self, capacity, obs_dim, act_dim, device):
+    def __init__(self, capacity, obs_dim, act_dim, batch_size, learners, device, device_length=False):
         self.capacity, self.device, self.pos, self.full = capacity, device, 0, False
         self.split = [obs_dim, act_dim, 1, 1, obs_dim]
         self.data = torch.zeros(capacity, sum(self.split), device=device)
+        self.batch = torch.zeros(learners, batch_size, sum(self.split), device=device)
+        # --compile/--cudagraphs sample with the length as a device tensor: a graph cannot take a new host number
+        # each step. Without them sampling keeps a host length, and its random numbers (the golden runs).
+        self.length = torch.zeros((), dtype=torch.int64, device=device) if device_length else None
 
     def __len__(self):
         return self.capacity if self.full else self.pos
 
-    def add(self, obs, action, reward, terminated, next_obs):
-        rows = np.concatenate([obs, action, reward[:, None], terminated[:, None], next_obs], 1, dtype=np.float32)
-        idx = (self.pos + np.arange(len(rows))) % self.capacity
-        self.data[torch.from_numpy(idx).to(self.device)] = torch.from_numpy(rows).to(self.device)
-        self.full = self.full or self.pos + len(rows) >= self.capacity
-        self.pos = (self.pos + len(rows)) % self.capacity
+    def add(self, obs, action, reward, terminated, next_obs, acting_obs):
+        """Store one row per env that acted; `acting_obs`, the observations the population acts on next, travel in
+        the same upload, and their device copy is returned."""
+        rows = np.concatenate([obs, action, reward[:, None], terminated[:, None], next_obs], 1)
+        n, width = rows.shape
+        # The acting observation first: at the start of the tensor, aligned in memory as a tensor of its own is, so
+        # the policy's matmul computes the same bits.
+        uploaded = upload(np.concatenate([acting_obs.ravel(), rows.ravel()]), self.device)
+        acting_obs, rows = uploaded[: acting_obs.size].view(acting_obs.shape), uploaded[acting_obs.size:].view(n, width)
+        first = min(n, self.capacity - self.pos)  # the rows before the ring wraps around
+        self.data[self.pos: self.pos + first] = rows[:first]
+        self.data[: n - first] = rows[first:]
+        self.full = self.full or self.pos + n >= self.capacity
+        self.pos = (self.pos + n) % self.capacity
+        if self.length is not None:
+            self.length.fill_(len(self))
+        return acting_obs
 
-    def sample(self, batch_size):
-        """obs, action, reward, terminated, next_obs; reward and terminated of shape (batch, 1)."""
-        idx = torch.randint(0, len(self), (batch_size,), device=self.device)
-        return self.data[idx].split(self.split, dim=1)
+    def sample(self, k):
+        """obs, action, reward, terminated, next_obs of a uniform batch for learner k; reward and terminated of shape
+        (batch, 1)."""
+        if self.length is None:
+            idx = torch.randint(0, len(self), (self.batch.shape[1],), device=self.device)
+        else:
+            idx = torch.randint(0, 2**62, (self.batch.shape[1],), device=self.device) % self.length
+        self.batch[k].copy_(self.data[idx])
+        return self.batch[k].split(self.split, dim=1)
 
     def state_dict(self):
         return {"data": self.data[: len(self)].to("cpu", copy=True), "pos": self.pos, "full": self.full}
@@ -245,6 +271,15 @@ class ReplayBuffer:
     def load_state_dict(self, state):
         self.data[: len(state["data"])] = state["data"].to(self.device)
         self.pos, self.full = state["pos"], state["full"]
+        if self.length is not None:
+            self.length.fill_(len(self))
+
+
+def upload(array, device):
+    """A host array as a float32 tensor on `device`, without waiting for a GPU: copied from pinned memory,
+    asynchronously (later work on the device is ordered after the copy)."""
+    tensor = torch.as_tensor(array, dtype=torch.float32)
+    return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor
 
 
 def td_target(reward, terminated, next_q, gamma):
@@ -257,11 +292,12 @@ def soft_update(target, source, tau):
         torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
 
 
-def update_critic(batches, actor_targets, qf, qf_target, q_optimizer, args):
-    """One step on the twin critics' summed MSE, averaged over the learners that share this critic (one batch and
-    target policy each: one learner for K pairs, all K with --shared-critic, as EvoRL averages their losses);
+def update_critic(rb, learners, actor_targets, qf, qf_target, q_optimizer, args):
+    """One step on the twin critics' summed MSE, averaged over the learners that share this critic (a new batch and
+    a target policy each: one learner for K pairs, all K with --shared-critic, as EvoRL averages their losses);
     returns the mean of the critics' losses and their mean Q values."""
-    losses, qs = [], []
+    batches = [rb.sample(k) for k in learners]
+    actor_targets, losses, qs = [actor_targets[k] for k in learners], [], []
     for (obs, action, reward, terminated, next_obs), actor_target in zip(batches, actor_targets):
         with torch.no_grad():
             noise = (torch.randn_like(action) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
@@ -283,6 +319,17 @@ def update_actor(obs, actor, qf, actor_optimizer):
     actor_loss.backward()
     actor_optimizer.step()
     return actor_loss.detach()
+
+
+def update_actors(rb, learners, actors, qf, actor_targets, qf_target, actor_optimizers, args):
+    """The delayed step, on the critic's last batches: each learner's actor ascends Q1 and its target follows, then
+    the critic's target. Returns the learners' actor losses."""
+    actor_losses = []
+    for k in learners:
+        actor_losses.append(update_actor(rb.batch[k, :, : rb.split[0]], actors[k], qf, actor_optimizers[k]))
+        soft_update(actor_targets[k], actors[k], args.tau)
+    soft_update(qf_target, qf, args.tau)
+    return torch.stack(actor_losses)
 
 
 def actor_params(actor):
@@ -319,11 +366,12 @@ def run_episodes(weights, biases, envs, episodes, noise, device, rb=None):
     return per individual (an array of P) and the number of env steps taken."""
     low, high = envs[0].action_space.low, envs[0].action_space.high
     obs = np.stack([env.reset()[0] for env in envs])
+    obs_on_device = upload(obs, device)
     episode_return, returns = np.zeros(len(envs)), [[] for _ in envs]
     active, steps = np.ones(len(envs), dtype=bool), 0
     while active.any():
         with torch.no_grad():  # inactive envs get an action too: cheaper than gathering the active individuals
-            action = population_forward(weights, biases, torch.as_tensor(obs, dtype=torch.float32, device=device))
+            action = population_forward(weights, biases, obs_on_device)
             if noise > 0:
                 action = (action + torch.randn_like(action) * noise).clamp(-1.0, 1.0)
             action = action.cpu().numpy()
@@ -331,9 +379,7 @@ def run_episodes(weights, biases, envs, episodes, noise, device, rb=None):
         transitions = [envs[i].step(to_env(action[i], low, high)) for i in index]
         next_obs = np.stack([t[0] for t in transitions])  # the true next obs: these envs reset only below
         reward, terminated, truncated = (np.array([t[k] for t in transitions], dtype=np.float64) for k in (1, 2, 3))
-        if rb is not None:
-            rb.add(obs[index], action[index], reward, terminated, next_obs)
-        steps += len(index)
+        stored_obs, steps = obs[index], steps + len(index)
         obs[index] = next_obs
         episode_return[index] += reward
         for j, i in enumerate(index):
@@ -344,6 +390,10 @@ def run_episodes(weights, biases, envs, episodes, noise, device, rb=None):
                     obs[i] = envs[i].reset()[0]
                 else:
                     active[i] = False
+        if rb is not None:
+            obs_on_device = rb.add(stored_obs, action[index], reward, terminated, next_obs, obs)
+        else:
+            obs_on_device = upload(obs, device)
     return np.array([np.mean(r) for r in returns]), steps
 
 
@@ -476,10 +526,21 @@ def main(args):
     for target, source in zip(actor_targets + qf_targets, actors + qfs):
         target.load_state_dict(source.state_dict())
     # fused: one kernel for all parameters, 2-3x faster than the default foreach Adam on CPU; same update rule
-    actor_optimizers = [torch.optim.Adam(a.parameters(), lr=args.learning_rate, fused=True) for a in actors]
-    q_optimizers = [torch.optim.Adam(q.parameters(), lr=args.learning_rate, fused=True) for q in qfs]
-    check_memory(ReplayBuffer(args.buffer_size, obs_dim, act_dim, torch.device("meta")), device)
-    rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, device)
+    actor_optimizers = [torch.optim.Adam(a.parameters(), lr=args.learning_rate, fused=True, capturable=args.cudagraphs)
+                        for a in actors]
+    q_optimizers = [torch.optim.Adam(q.parameters(), lr=args.learning_rate, fused=True, capturable=args.cudagraphs)
+                    for q in qfs]
+    check_memory(ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.batch_size, args.num_rl_agents,
+                              torch.device("meta")), device)
+    rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.batch_size, args.num_rl_agents, device,
+                      device_length=args.compile or args.cudagraphs)
+    # Each critic's learners: K (actor, critic) pairs, or K actors and one shared critic. Each critic's two updates
+    # as callables without arguments, compiled or captured as CUDA graphs under the flags.
+    critic_learners = [list(range(args.num_rl_agents))] if args.shared_critic else [[k] for k in range(len(qfs))]
+    critic_steps = [accelerate(partial(update_critic, rb, learners, actor_targets, qfs[q], qf_targets[q],
+                                       q_optimizers[q], args), args) for q, learners in enumerate(critic_learners)]
+    actor_steps = [accelerate(partial(update_actors, rb, learners, actors, qfs[q], actor_targets, qf_targets[q],
+                                      actor_optimizers, args), args) for q, learners in enumerate(critic_learners)]
     # Everything a checkpoint holds besides the loop's counters and the envs: --resume restores exactly these.
     state = {"rb": rb, "rng": rng, **{f"{name}_{k}": value for name, group in [
         ("actor", actors), ("actor_target", actor_targets), ("actor_optimizer", actor_optimizers), ("qf", qfs),
@@ -494,9 +555,7 @@ def main(args):
     if checkpoint:
         (global_step, num_updates, generation, fitness, injected, fates, champion), _ = run.restore(
             checkpoint, state, envs + learner_envs)
-    # Each critic's learners: K (actor, critic) pairs, or K actors and one shared critic.
-    critic_learners = [list(range(args.num_rl_agents))] if args.shared_critic else [[k] for k in range(len(qfs))]
-    actor_loss = [torch.zeros((), device=device)] * args.num_rl_agents
+    actor_losses = [torch.zeros(len(learners), device=device) for learners in critic_learners]
     try:
         while global_step < args.total_timesteps:
             generation_start = global_step
@@ -511,18 +570,13 @@ def main(args):
             # 3. TD3 updates, --utd-ratio per env step of this generation, for each critic and its learners.
             if len(rb) >= args.learning_starts:
                 for _ in range(int(args.utd_ratio * (global_step - generation_start))):
-                    for q, learners in enumerate(critic_learners):
-                        batches = [rb.sample(args.batch_size) for _ in learners]
-                        qf_loss, qf_values = update_critic(batches, [actor_targets[k] for k in learners], qfs[q],
-                                                           qf_targets[q], q_optimizers[q], args)
+                    for q in range(len(critic_learners)):
+                        qf_loss, qf_values = critic_steps[q]()
                         if num_updates % args.policy_frequency == 0:
-                            for k, batch in zip(learners, batches):
-                                actor_loss[k] = update_actor(batch[0], actors[k], qfs[q], actor_optimizers[k])
-                                soft_update(actor_targets[k], actors[k], args.tau)
-                            soft_update(qf_targets[q], qfs[q], args.tau)
+                            actor_losses[q] = actor_steps[q]()
                         run.record(global_step, f"{num_updates + 1} of critic {q} in generation {generation}",
-                                   qf_loss=qf_loss, actor_loss=torch.stack([actor_loss[k] for k in learners]).mean(),
-                                   qf1_values=qf_values[0], qf2_values=qf_values[1])
+                                   qf_loss=qf_loss, actor_loss=actor_losses[q].mean(), qf1_values=qf_values[0],
+                                   qf2_values=qf_values[1])
                     num_updates += 1
             run.flush(global_step)
 
@@ -622,6 +676,8 @@ def check_args(args):
              f"{args.pop_size}: injected actors would replace elites")
     if args.batch_size > args.buffer_size:
         fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs a GPU: " + ("--no-cuda is set" if not args.cuda else "none is available"))
     if args.learning_starts >= min(args.total_timesteps, args.buffer_size + 1):
         fail(f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps} and at "
              f"most --buffer-size {args.buffer_size}: no update would ever happen")
@@ -673,6 +729,39 @@ def choose_device(args):
     return torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
 
 
+def accelerate(step, args):
+    """An update step (a callable without arguments) as it runs: as it is, torch.compile'd (--compile), and/or
+    captured as one CUDA graph (--cudagraphs)."""
+    step = torch.compile(step) if args.compile else step
+    return CudaGraph(step) if args.cudagraphs else step
+
+
+class CudaGraph:
+    """--cudagraphs: `step` runs eagerly for `warmup` calls on a side stream (optimizer state, compilation), is then
+    captured once and replayed: one launch per update instead of one per kernel. It may only read and write tensors
+    that stay in place (in-place state, the buffer's `batch` and `length`), and it returns the same output tensors,
+    overwritten, at every replay."""
+
+    def __init__(self, step, warmup=3):
+        self.step, self.warmup, self.graph, self.outputs = step, warmup, None, None
+
+    def __call__(self):
+        if self.warmup:
+            self.warmup -= 1
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                outputs = self.step()
+            torch.cuda.current_stream().wait_stream(stream)
+            return outputs
+        if self.graph is None:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.outputs = self.step()
+        self.graph.replay()
+        return self.outputs
+
+
 def crossed(step, freq, step_size):
     """True when the last step_size steps, ending at step, crossed a multiple of freq (never when freq is 0)."""
     return freq > 0 and step // freq != (step - step_size) // freq
@@ -700,7 +789,7 @@ def evaluate(policy, env_id, episodes, seed, device, video_folder=None, video_pr
         done, episode_return = False, 0.0
         while not done:
             with torch.no_grad():
-                action = policy(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])[0].cpu().numpy()
+                action = policy(upload(obs[None], device))[0].cpu().numpy()  # the one wait per step
             obs, reward, terminated, truncated, _ = env.step(to_env(action, low, high))
             episode_return += float(reward)
             done = terminated or truncated

@@ -367,9 +367,9 @@ def main(args):
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True, capturable=args.cudagraphs)
     q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.q_lr, fused=True, capturable=args.cudagraphs)
     alpha_optimizer = torch.optim.Adam([log_alpha], lr=args.q_lr, fused=True, capturable=args.cudagraphs)
-    graphs = args.compile or args.cudagraphs
     check_memory(ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.batch_size, torch.device("meta")), device)
-    rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.batch_size, device, device_length=graphs)
+    rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.batch_size, device,
+                      device_length=args.compile or args.cudagraphs)
     # The updates as callables without arguments, compiled or captured as CUDA graphs under the flags.
     critic_step = accelerate(partial(update_critic, rb, actor, qf, qf_target, q_optimizer, log_alpha, args), args)
     policy_step = accelerate(partial(update_policy, rb, actor, qf, actor_optimizer, log_alpha, alpha_optimizer,

@@ -463,14 +463,14 @@ def main(args):
                                    capturable=args.cudagraphs)
     alpha_optimizer = torch.optim.Adam([log_alpha], lr=args.q_lr, eps=args.adam_eps, fused=True,
                                        capturable=args.cudagraphs)
-    graphs = args.compile or args.cudagraphs
     if observations == "image":  # frames stored once; on the host, pinned, when the GPU has no room for them
         storage = replay_storage(FrameReplayBuffer(args.buffer_size, obs_shape, args.num_envs, args.batch_size,
                                                    device, torch.device("meta")), device)
         rb = FrameReplayBuffer(args.buffer_size, obs_shape, args.num_envs, args.batch_size, device, storage)
     else:  # replay_storage fails with one line when the buffer does not fit
         replay_storage(ReplayBuffer(args.buffer_size, obs_shape[0], 1, args.batch_size, torch.device("meta")), device)
-        rb = ReplayBuffer(args.buffer_size, obs_shape[0], 1, args.batch_size, device, device_length=graphs)
+        rb = ReplayBuffer(args.buffer_size, obs_shape[0], 1, args.batch_size, device,
+                          device_length=args.compile or args.cudagraphs)
     # The updates as callables without arguments, compiled or captured as CUDA graphs under the flags.
     update_step = accelerate(partial(update, rb, actor, qf, qf_target, q_optimizer, actor_optimizer, log_alpha,
                                      alpha_optimizer, target_entropy, args), args)

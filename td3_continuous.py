@@ -305,10 +305,10 @@ def main(args):
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True,
                                        capturable=args.cudagraphs)
     q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.learning_rate, fused=True, capturable=args.cudagraphs)
-    graphs = args.compile or args.cudagraphs
     check_memory(ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.batch_size, torch.device("meta")), device)
-    rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.batch_size, device, device_length=graphs)
-    # The two updates as callables without arguments, compiled or captured as CUDA graphs under the flags.
+    rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.batch_size, device,
+                      device_length=args.compile or args.cudagraphs)
+    # The updates as callables without arguments, compiled or captured as CUDA graphs under the flags.
     critic_step = accelerate(partial(update_critic, rb, actor_target, qf, qf_target, q_optimizer, args), args)
     actor_step = accelerate(partial(update_actor, rb, actor, qf, actor_target, qf_target, actor_optimizer, args),
                             args)

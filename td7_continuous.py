@@ -468,12 +468,11 @@ def main(args):
                                          capturable=args.cudagraphs)
     q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.q_lr, fused=True, capturable=args.cudagraphs)
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True, capturable=args.cudagraphs)
-    graphs = args.compile or args.cudagraphs
     capacity = len(dataset["observations"]) if args.offline else args.buffer_size
     check_memory(LAPReplayBuffer(capacity, obs_dim, act_dim, args.batch_size, torch.device("meta")), device)
-    rb = LAPReplayBuffer(capacity, obs_dim, act_dim, args.batch_size, device, device_length=graphs)
-    # The update with and without the delayed actor step, as callables without arguments, compiled or captured as
-    # CUDA graphs under the flags.
+    rb = LAPReplayBuffer(capacity, obs_dim, act_dim, args.batch_size, device,
+                         device_length=args.compile or args.cudagraphs)
+    # The updates (without and with the delayed actor step) as callables, compiled or CUDA graphs under the flags.
     update_steps = [accelerate(partial(update, rb, encoder, actor, qf, fixed_encoder, fixed_encoder_target,
                                        actor_target, qf_target, value_range, value_clip, encoder_optimizer,
                                        q_optimizer, actor_optimizer, args, with_actor), args)

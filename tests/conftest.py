@@ -17,8 +17,6 @@ CONTINUOUS_SCRIPTS = ["td3_continuous", "td7_continuous", "sac_continuous", "erl
 # Each script with its default env; the common tests run over all of them.
 DEFAULT_ENV = {**{script: "Hopper-v4" for script in CONTINUOUS_SCRIPTS}, "sac_discrete": "CartPole-v1"}
 SCRIPTS = list(DEFAULT_ENV)
-# The scripts whose updates run as --compile/--cudagraphs steps (tests/test_fast_path.py, tests/test_gpu.py).
-FAST_PATH_SCRIPTS = ["td3_continuous", "sac_continuous", "sac_discrete", "td7_continuous"]
 # How a script runs two training envs at once (TD7's checkpoints judge whole episodes of one policy; ERL has one
 # env per individual).
 TWO_ENV_FLAGS = {"td7_continuous": ["--num-envs", "2", "--no-checkpoints"],

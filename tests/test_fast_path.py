@@ -10,16 +10,25 @@ import torch
 import torch._dynamo.utils
 import torch._inductor.config
 
-from tests.conftest import FAST_PATH_SCRIPTS, TINY, flags_with, load_checkpoint, run_main
+from tests.conftest import SCRIPTS, TINY, flags_with, load_checkpoint, run_main
 
 # Learning starts at 200 steps; 20 updates later the run ends. The buffer (150 rows) is full before learning starts
 # and wraps while the steps run, so its length stops changing only after a wrap: a recompile would show.
-TWENTY_UPDATES = flags_with(TINY, total_timesteps=220, buffer_size=150, eval_freq=0, checkpoint_freq=220,
-                            log_freq=10)
-# TD7 without its policy checkpoints updates at every step, as the others, instead of in bursts at episode ends.
-OWN_FLAGS = {"td7_continuous": ["--no-checkpoints"]}
+TWENTY_UPDATES = flags_with(TINY, total_timesteps=220, buffer_size=150, eval_freq=0, checkpoint_freq=220)
 # Graph breaks torch makes in any update (backward and the optimizer's step); any other would be ours.
 ALLOWED_BREAKS = ("backward", "Optimizer", "optimizer", "fused", "torch._dynamo.graph_break()")
+
+
+def fast_path_flags(script):
+    """The flags of these tests for `script`, --compile among them."""
+    if script == "erl_td3":  # ERL updates after each generation: on Pendulum (200-step episodes) 3 episodes with 2
+        # individuals and a learner, 30 updates after the first, 30 after the second, the buffer's length changed
+        # and wrapped by then. ERL has no --log-freq: it logs once a generation.
+        return flags_with(TWENTY_UPDATES, env_id="Pendulum-v1", pop_size=2, num_elites=1, utd_ratio=0.05,
+                          total_timesteps=1200, buffer_size=1000, checkpoint_freq=1200) + ["--compile"]
+    # TD7 without its policy checkpoints updates at every step, as the others, instead of in bursts at episode ends.
+    return TWENTY_UPDATES + ["--log-freq", "10", "--compile"] + (["--no-checkpoints"] if script == "td7_continuous"
+                                                                  else [])
 
 
 def recorded_steps(script, flags, tmp_path, monkeypatch):
@@ -60,14 +69,13 @@ def tensors_of(obj, seen=None):
     return []
 
 
-@pytest.mark.parametrize("script", FAST_PATH_SCRIPTS)
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_update_steps_keep_their_tensors_in_place(script, tmp_path, monkeypatch):
     """After a warm-up call, three more calls of every update step leave every tensor it can reach at its address,
     unreplaced: a CUDA graph captured at the first of them would otherwise read stale memory. (--compile with torch.compile as the identity:
     the steps as --cudagraphs would capture them, the buffer's length on the device.)"""
     monkeypatch.setattr(torch, "compile", lambda step: step)
-    steps, _ = recorded_steps(script, TWENTY_UPDATES + OWN_FLAGS.get(script, []) + ["--compile"], tmp_path,
-                              monkeypatch)
+    steps, _ = recorded_steps(script, fast_path_flags(script), tmp_path, monkeypatch)
     assert steps
     for step in steps:
         step()  # a warm-up call, as before a capture: the optimizers' state exists from here on
@@ -78,7 +86,7 @@ def test_update_steps_keep_their_tensors_in_place(script, tmp_path, monkeypatch)
         assert after == before, f"{step.func.__name__} replaces or moves a tensor it keeps"
 
 
-@pytest.mark.parametrize("script", FAST_PATH_SCRIPTS)
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_compile_matches_eager_and_compiles_once(script, tmp_path, monkeypatch):
     """20 updates with --compile end within 1e-4 of the same steps run eagerly (the norm of each parameter tensor's
     difference, relative to its norm), with no recompile after the first updates while the buffer wraps, and graph
@@ -88,7 +96,7 @@ def test_compile_matches_eager_and_compiles_once(script, tmp_path, monkeypatch):
     tolerance, measured on TD3 and TD7: float32 rounding of reordered sums left at most 2e-6 of the norm (a few
     elements moved by up to ~1e-5: Adam's step normalises a near-zero gradient), while other batches and noise (the
     compiled code's own random numbers) moved the most-moved tensor by 2e-2 to 4e-2 of its norm."""
-    flags = TWENTY_UPDATES + OWN_FLAGS.get(script, []) + ["--compile"]
+    flags = fast_path_flags(script)
     with monkeypatch.context() as patch:
         patch.setattr(torch, "compile", lambda step: step)
         eager = run_main(script, flags, tmp_path / "eager", monkeypatch)
