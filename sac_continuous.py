@@ -64,7 +64,7 @@ class Args:
     seed: int = 1
     """seed of the experiment (python, numpy, torch and the envs)"""
     torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    """on a GPU, deterministic algorithms wherever PyTorch has them (README, "Reproducibility on a GPU")"""
     cuda: bool = True
     """use the GPU if there is one"""
     torch_threads: int = 1
@@ -549,7 +549,11 @@ def choose_device(args):
         torch.set_num_threads(args.torch_threads)
     if args.cuda and not torch.cuda.is_available():
         print("warning: --cuda is set but no GPU is available; running on the CPU", file=sys.stderr)
-    return torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
+    device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
+    if device.type == "cuda" and args.torch_deterministic:  # the CPU's ops are deterministic already
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition, before its first use
+        torch.use_deterministic_algorithms(True, warn_only=True)  # a warning names any op that has no such version
+    return device
 
 
 def accelerate(step, args):

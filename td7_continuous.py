@@ -68,7 +68,7 @@ class Args:
     seed: int = 1
     """seed of the experiment (python, numpy, torch and the envs)"""
     torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    """on a GPU, deterministic algorithms wherever PyTorch has them (README, "Reproducibility on a GPU")"""
     cuda: bool = True
     """use the GPU if there is one"""
     torch_threads: int = 1
@@ -249,6 +249,8 @@ class LAPReplayBuffer:
         # --compile/--cudagraphs sample with the length as a device tensor: a graph cannot take a new host number
         # each step. Without them sampling keeps a host length, and its random numbers (the golden runs).
         self.length = torch.zeros((), dtype=torch.int64, device=device) if device_length else None
+        # On a GPU a float cumsum is not deterministic: with --torch-deterministic, sum integers instead.
+        self.exact = torch.device(device).type == "cuda" and torch.are_deterministic_algorithms_enabled()
 
     def __len__(self):
         return self.capacity if self.full else self.pos
@@ -276,13 +278,17 @@ class LAPReplayBuffer:
 
     def sample(self):
         """obs, action, reward, terminated, next_obs; reward and terminated of shape (batch, 1)."""
-        if self.length is None:
-            csum = torch.cumsum(self.priority[: len(self)], 0)
-            last = len(self) - 1
-        else:  # over the whole ring: the rows not yet written have priority 0 and are never drawn
-            csum, last = torch.cumsum(self.priority, 0), self.length - 1
-        value = torch.rand(len(self.batch), device=self.device) * csum[-1]
-        self.idx.copy_(torch.searchsorted(csum, value).clamp(max=last))
+        # Over the filled rows, or (with a device length) the whole ring, whose unwritten rows have priority 0.
+        priority, last = (self.priority[: len(self)], len(self) - 1) if self.length is None else (self.priority,
+                                                                                                   self.length - 1)
+        if self.exact:  # a sum of integers (priorities in units of 2**-20) is exact: the same on every GPU run
+            csum = torch.cumsum((priority.double() * 2**20).round().long(), 0)
+            value = (torch.rand(len(self.batch), dtype=torch.float64, device=self.device) * csum[-1]).long()
+            self.idx.copy_(torch.searchsorted(csum, value, right=True).clamp(max=last))
+        else:
+            csum = torch.cumsum(priority, 0)
+            value = torch.rand(len(self.batch), device=self.device) * csum[-1]
+            self.idx.copy_(torch.searchsorted(csum, value).clamp(max=last))
         self.batch.copy_(self.data[self.idx])
         return self.batch.split(self.split, dim=1)
 
@@ -716,7 +722,11 @@ def choose_device(args):
         torch.set_num_threads(args.torch_threads)
     if args.cuda and not torch.cuda.is_available():
         print("warning: --cuda is set but no GPU is available; running on the CPU", file=sys.stderr)
-    return torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
+    device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
+    if device.type == "cuda" and args.torch_deterministic:  # the CPU's ops are deterministic already
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition, before its first use
+        torch.use_deterministic_algorithms(True, warn_only=True)  # a warning names any op that has no such version
+    return device
 
 
 def accelerate(step, args):

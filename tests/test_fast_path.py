@@ -1,9 +1,12 @@
 """The fast path on the CPU (README, "The GPU fast path"): the update steps that --compile compiles and --cudagraphs
-captures keep every tensor they touch in one place in memory (a CUDA graph replays fixed addresses), --compile
+captures run on the meta device (so nothing in them reads a value back to the host), keep every tensor they touch in
+one place in memory (a CUDA graph replays fixed addresses), --compile
 computes what eager computes within float rounding, and it compiles once: no recompile as the buffer fills and wraps,
 and graph breaks only where torch always breaks (backward, the optimizer). tests/test_gpu.py does the rest on a GPU.
 """
+import copy
 import importlib
+from functools import partial
 
 import pytest
 import torch
@@ -84,6 +87,25 @@ def test_update_steps_keep_their_tensors_in_place(script, tmp_path, monkeypatch)
             step()
         after = {id(t): t.data_ptr() for t in tensors_of(step)}
         assert after == before, f"{step.func.__name__} replaces or moves a tensor it keeps"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_update_steps_run_on_the_meta_device(script, tmp_path, monkeypatch):
+    """Every update step, with every tensor it reaches moved to the meta device (shapes, no values), runs: it
+    reads no value back to the host (no .item(), no Python branch on a tensor), which on a GPU would wait for it."""
+    monkeypatch.setattr(torch, "compile", lambda step: step)
+    steps, _ = recorded_steps(script, fast_path_flags(script), tmp_path, monkeypatch)
+    for step in steps:
+        step()  # the optimizers' state exists from here on
+        meta = {id(t): (torch.nn.Parameter if isinstance(t, torch.nn.Parameter) else torch.Tensor.requires_grad_)(
+            t.detach().to("meta"), t.requires_grad) for t in tensors_of(step)}
+        bound = copy.deepcopy(list(step.args), meta)  # the networks, optimizers and buffer, on tensors of `meta`
+        for obj in bound:
+            if not isinstance(obj, torch.Tensor) and isinstance(getattr(obj, "device", None), torch.device):
+                obj.device = torch.device("meta")  # a buffer's own device
+        outputs = partial(step.func, *bound)()  # a tensor, a tuple or dict of them, or None (a target update)
+        outputs = outputs.values() if isinstance(outputs, dict) else outputs if isinstance(outputs, tuple) else [outputs]
+        assert all(output.device.type == "meta" for output in outputs if output is not None)
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -28,10 +28,13 @@ def test_lap_huber_by_hand():
     assert td7.LAP_huber(td, min_priority=3.0).item() == pytest.approx((0.125 + 2.0 + 0.5) / 2)
 
 
+@pytest.mark.parametrize("exact", [False, True])
 @pytest.mark.parametrize("device_length", [False, True])
-def test_lap_samples_in_proportion_to_priority(device_length):
-    """With the length on the host, or on the device (--compile/--cudagraphs: the sum runs over the whole ring)."""
+def test_lap_samples_in_proportion_to_priority(device_length, exact):
+    """With the length on the host, or on the device (--compile/--cudagraphs: the sum runs over the whole ring); with
+    a float sum, or the exact integer one of a deterministic GPU run."""
     rb = filled_buffer(n=4, capacity=8, device_length=device_length)
+    rb.exact = exact
     rb.priority[:4] = torch.tensor([1.0, 2.0, 3.0, 4.0])
     torch.manual_seed(0)
     counts = torch.zeros(4)
