@@ -34,6 +34,8 @@ Deliberate choices and differences:
   evaluations.csv columns; the first learner in extra ones. Networks, normalised actions and the TD3 update are
   td3_continuous.py's.
 - Losses are logged as their mean over each generation's updates (of all learners), at its end.
+- --compile and --cudagraphs (both off by default; off computes exactly what it always did) run each update
+  as a compiled callable or a replayed CUDA graph: README, "The GPU fast path".
 
 The file has two parts: the algorithm, from here to `main`, and below the banner after it the run
 machinery, which changes nothing that is computed.

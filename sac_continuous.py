@@ -21,8 +21,10 @@ algorithm:
   fixed, so it computes no critic gradients (CleanRL computes them and throws them away).
 - One gradient update per vector step (with --num-envs N that is one update per N env steps).
 - The replay buffer is one preallocated tensor on the training device; nothing in the update
-  waits for the device, except every --log-freq updates to log.
+  waits for the device, except every --log-freq updates to log; an env step waits only for its action.
 - Evaluation is deterministic: the mode of the policy, tanh(mean).
+- --compile and --cudagraphs (both off by default; off computes exactly what it always did) run each update
+  as a compiled callable or a replayed CUDA graph: README, "The GPU fast path".
 - Added: periodic deterministic evaluation, checkpoints with --resume, SIGINT/SIGTERM handling,
   a guard against non-finite losses, and one-line errors for bad input.
 

@@ -28,8 +28,10 @@ whose default depends on the kind of observation say so in --help. Deliberate di
 - gymnasium 1.x vector envs in same-step autoreset mode: a time-limit truncation keeps its
   bootstrap and stores the true final observation; only `terminated` stops the bootstrap.
 - The replay buffer is preallocated on the training device; nothing in the update
-  waits for the device, except every --log-freq updates to log.
+  waits for the device, except every --log-freq updates to log; an env step waits only for its action.
 - Evaluation is deterministic: the mode of the policy, argmax of the logits.
+- --compile and --cudagraphs (both off by default; off computes exactly what it always did) run each update
+  as a compiled callable or a replayed CUDA graph: README, "The GPU fast path".
 - Added: periodic deterministic evaluation, checkpoints with --resume, SIGINT/SIGTERM handling,
   a guard against non-finite losses, and one-line errors for bad input.
 

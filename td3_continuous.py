@@ -13,7 +13,9 @@ td3_continuous_action.py. Deliberate differences from CleanRL, none of which cha
   gradients (CleanRL computes them and throws them away).
 - One gradient update per vector step (with --num-envs N that is one update per N env steps).
 - The replay buffer is one preallocated tensor on the training device; nothing in the update
-  waits for the device, except every --log-freq updates to log.
+  waits for the device, except every --log-freq updates to log; an env step waits only for its action.
+- --compile and --cudagraphs (both off by default; off computes exactly what it always did) run each update
+  as a compiled callable or a replayed CUDA graph: README, "The GPU fast path".
 - Added: periodic deterministic evaluation, checkpoints with --resume, SIGINT/SIGTERM handling,
   a guard against non-finite losses, and one-line errors for bad input.
 

@@ -19,6 +19,8 @@ the algorithm:
 - Evaluation starts its --eval-episodes episodes from the same seeds every time (so every checkpoint policy is
   judged on the same start states; the authors' single evaluation env keeps advancing between evaluations).
 - The critic's two heads are separate networks, as the authors' (not one batched module as in td3_continuous.py).
+- --compile and --cudagraphs (both off by default; off computes exactly what it always did) run each update
+  as a compiled callable or a replayed CUDA graph: README, "The GPU fast path".
 - Added: periodic evaluation into evaluations.csv, checkpoints of the whole run with --resume, SIGINT/SIGTERM
   handling, a guard against non-finite losses, one-line errors for bad input, --save-buffer.
 
