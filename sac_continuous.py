@@ -644,16 +644,19 @@ def evaluate(policy, env_id, episodes, seed, device, video_folder=None, video_pr
 
 def drop_evaluations_after(path, global_step):
     """On resume, forget evaluations made after the checkpoint (the resumed run makes them again), rewriting the file
-    through a temp file; a malformed file is refused and left as it is."""
+    through a temp file; a malformed file is refused and left as it is. Returns the last evaluation kept, as the
+    progress line shows it."""
     if not os.path.exists(path):
-        return
+        return "-"
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
     try:
         kept = rows[:1] + [row for row in rows[1:] if int(row[0]) <= global_step]
+        last = f"{float(kept[-1][2]):.1f} +- {float(kept[-1][3]):.1f}" if len(kept) > 1 else "-"
     except (ValueError, IndexError):
         fail(f"cannot resume: {path} has a malformed row; mend or remove it")
     write_atomically(path, lambda f: csv.writer(f).writerows(kept))
+    return last
 
 
 def write_atomically(path, write):
@@ -703,9 +706,11 @@ class Run:
 
     def __init__(self, args, checkpoint, device):
         self.args, self.device, self.start_time, self.wall_time = args, device, time.time(), 0.0
+        self.eval_text = "-"  # the last evaluation, as the progress line shows it
         if checkpoint:
             self.name, self.dir = checkpoint["run_name"], os.path.dirname(os.path.abspath(args.resume))
-            drop_evaluations_after(os.path.join(self.dir, "evaluations.csv"), checkpoint["global_step"])
+            self.eval_text = drop_evaluations_after(os.path.join(self.dir, "evaluations.csv"),
+                                                    checkpoint["global_step"])
         else:
             env_name = args.env_id.replace("/", "-").replace(":", "-")
             self.name, self.dir = claim_run_dir(f"{env_name}__{args.exp_name}__{args.seed}__{int(time.time())}")
@@ -725,8 +730,8 @@ class Run:
         # Each update's metrics stay on the device until the next log, so that a non-finite one can be named with
         # its update and step without waiting for the device after every update.
         self.names, self.history, self.updates, self.sps_start = None, [], [], None
-        self.tty, self.reported, self.pending, self.eval_text = sys.stdout.isatty(), False, False, "-"
-        self.last_report = (time.time(), checkpoint["global_step"] if checkpoint else 0, 0)  # time, step, updates
+        self.tty, self.reported, self.pending = sys.stdout.isatty(), False, False
+        self.last_report = (time.time(), *(checkpoint["counters"][:2] if checkpoint else (0, 0)))  # time, step, updates
         self.stop = []  # the signal that asks the run to stop, once one arrives
         self.handlers = {s: signal.signal(s, lambda signum, frame: self.stop.append(signum))
                          for s in (signal.SIGINT, signal.SIGTERM)}

@@ -61,7 +61,8 @@ def child(script, device, updates, threads, mode="eager"):
     events = EventAccumulator(summary["run_dir"], size_guidance={"scalars": 0})
     events.Reload()
     points = [(e.step, e.value) for e in events.Scalars("charts/SPS")]
-    print(json.dumps({"sps": points[-1][1], "steady_sps": steady_sps(points, 1000), "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    print(json.dumps({"sps": points[-1][1], "steady_sps": steady_sps(points, 1000),
+                      "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "peak_cuda_mib": torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None}))
 
 

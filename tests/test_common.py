@@ -205,6 +205,21 @@ def test_progress_in_a_log(script, tmp_path, monkeypatch, capsys):
         assert min(int(re.fullmatch(pattern, line).group(1)) for line in lines) <= 200  # before learning starts
 
 
+def test_progress_after_resume(script, tmp_path, monkeypatch, capsys):
+    """A resumed run's first progress line counts only its own updates (not the checkpoint's as if made in the first
+    seconds) and shows the checkpoint's last evaluation."""
+    half_steps, steps = (1000, 2000) if script == "erl_td3" else (300, 400)
+    half = straight_run(script, tmp_path, monkeypatch, total_timesteps=half_steps, eval_freq=100)
+    fake_clock(importlib.import_module(script), monkeypatch)
+    capsys.readouterr()
+    straight_run(script, tmp_path, monkeypatch, total_timesteps=steps, eval_freq=0,
+                 resume=Path(half["run_dir"]) / "checkpoint.pt")
+    line = next(line for line in capsys.readouterr().out.splitlines() if "steps/s" in line)
+    sps, ups, last = re.search(r"\| (\d+) steps/s \| (\d+) updates/s \| last eval (.+) \| ETA", line).groups()
+    assert int(ups) <= int(sps) + 1, line
+    assert last == f"{half['eval_mean']:.1f} +- {half['eval_std']:.1f}", line
+
+
 def test_progress_on_a_terminal(script, tmp_path, monkeypatch, capsys):
     """On a terminal the progress line is rewritten in place, an evaluation line replaces it, and the run leaves the
     cursor on a fresh line."""

@@ -75,8 +75,8 @@ def tensors_of(obj, seen=None):
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_update_steps_keep_their_tensors_in_place(script, tmp_path, monkeypatch):
     """After a warm-up call, three more calls of every update step leave every tensor it can reach at its address,
-    unreplaced: a CUDA graph captured at the first of them would otherwise read stale memory. (--compile with torch.compile as the identity:
-    the steps as --cudagraphs would capture them, the buffer's length on the device.)"""
+    unreplaced: a CUDA graph captured at the first of them would otherwise read stale memory. (--compile with
+    torch.compile as the identity: the steps as --cudagraphs would capture them, the buffer's length on the device.)"""
     monkeypatch.setattr(torch, "compile", lambda step: step)
     steps, _ = recorded_steps(script, fast_path_flags(script), tmp_path, monkeypatch)
     assert steps
@@ -104,7 +104,8 @@ def test_update_steps_run_on_the_meta_device(script, tmp_path, monkeypatch):
             if not isinstance(obj, torch.Tensor) and isinstance(getattr(obj, "device", None), torch.device):
                 obj.device = torch.device("meta")  # a buffer's own device
         outputs = partial(step.func, *bound)()  # a tensor, a tuple or dict of them, or None (a target update)
-        outputs = outputs.values() if isinstance(outputs, dict) else outputs if isinstance(outputs, tuple) else [outputs]
+        outputs = (outputs.values() if isinstance(outputs, dict) else outputs if isinstance(outputs, tuple)
+                   else [outputs])
         assert all(output.device.type == "meta" for output in outputs if output is not None)
 
 
