@@ -36,10 +36,12 @@ MODE_FLAGS = {"eager": [], "compile": ["--compile"], "cudagraphs": ["--cudagraph
 
 
 def steady_sps(points, start):
-    """Steps/s over the second half of the updates, from charts/SPS's (step, mean steps/s since `start`) points."""
-    times = [(step, (step - start) / sps) for step, sps in points if sps > 0]
-    (step0, time0), (step1, time1) = min(times, key=lambda p: abs(p[0] - start - (times[-1][0] - start) / 2)), times[-1]
-    return (step1 - step0) / (time1 - time0) if time1 > time0 else float("nan")
+    """Steps/s over the second half of the updates, from charts/SPS's (step, mean steps/s since `start`) points: each
+    point gives the seconds since `start`; the rate between the point nearest the middle and the last."""
+    seconds = [(step, (step - start) / sps) for step, sps in points if sps > 0]
+    end_step, end_time = seconds[-1]
+    mid_step, mid_time = min(seconds, key=lambda point: abs(point[0] - (start + end_step) / 2))
+    return (end_step - mid_step) / (end_time - mid_time) if end_time > mid_time else float("nan")
 
 
 def child(script, device, updates, threads, mode="eager"):

@@ -106,10 +106,8 @@ def test_truncation_stores_true_final_obs(script, env_id, terminate_at, tmp_path
                        checkpoint_freq=60) + TWO_ENV_FLAGS.get(script, ["--num-envs", "2"])
     run = run_main(script, flags, tmp_path, monkeypatch)
     rb = load_checkpoint(run["run_dir"])["state"]["rb"]
-    if "data" in rb:  # one tensor, rows [obs, action, reward, terminated, next_obs]
-        obs, terminated, next_obs = rb["data"][:, 0], rb["data"][:, -2], rb["data"][:, -1]
-    else:  # one tensor a field
-        obs, terminated, next_obs = rb["obs"][:, 0], rb["terminated"][:, 0], rb["next_obs"][:, 0]
+    # Every script's vector replay is one tensor of rows [obs, action, reward, terminated, next_obs].
+    obs, terminated, next_obs = rb["data"][:, 0], rb["data"][:, -2], rb["data"][:, -1]
     assert len(obs) == run["global_step"] >= 60
     assert torch.equal(next_obs, obs + 1)
     assert (next_obs == (terminate_at or 7)).any()  # episodes ended, and kept their real final observation
