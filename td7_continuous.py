@@ -33,8 +33,8 @@ observations (N, obs_dim), actions (N, act_dim) in the env's units, rewards (N,)
 The file has two parts: the algorithm, from here to `main`, and below the banner after it the run
 machinery, which changes nothing that is computed.
 """
-import copy
 import contextlib
+import copy
 import csv
 import datetime
 import io

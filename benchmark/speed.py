@@ -17,10 +17,10 @@ import argparse
 import datetime
 import importlib.util
 import json
+import os
 import platform
 import resource
 import statistics
-import os
 import subprocess
 import sys
 import tempfile

@@ -63,7 +63,11 @@ def run_main(script, flags, cwd, monkeypatch):
 
 
 def load_checkpoint(run_dir):
-    return torch.load(Path(run_dir) / "checkpoint.pt", map_location="cpu", weights_only=False)
+    """A run's checkpoint.pt; its step as "global_step" also where the loop's values are kept by name ("loop")."""
+    checkpoint = torch.load(Path(run_dir) / "checkpoint.pt", map_location="cpu", weights_only=False)
+    if "loop" in checkpoint:
+        checkpoint["global_step"] = checkpoint["loop"]["global_step"]
+    return checkpoint
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,20 @@ COMMON = {
     "runs is a file": (["--env-id", "{env}"], "runs"),
     "cudagraphs without a GPU": (["--cudagraphs"], "--cudagraphs needs a GPU: --no-cuda is set"),
 }
+# The cases of the run machinery rebuilt (issue 19); the scripts that have it so far.
+LIFECYCLE = {
+    "negative seed": (["--seed", "-1"], "--seed must lie in [0, 2**31)"),
+    "seed too large": (["--seed", str(2**32)], "--seed must lie in [0, 2**31)"),
+    "exp name with a slash": (["--exp-name", "a/../b"], "--exp-name 'a/../b' must be a plain file name"),
+    "exp name too long": (["--exp-name", "x" * 300], "must be a plain file name of 1-100"),
+    "empty resume": (["--resume", ""], "--resume needs the path"),
+    "too many evaluation episodes": (["--eval-episodes", "1000000000"], "--eval-episodes must be at most 1000"),
+    "batch larger than memory": (["--batch-size", "100000000", "--buffer-size", "100000000"],
+                                 "lower --buffer-size or --batch-size"),
+    "track without a wandb key": (["--track"], "--track needs a wandb key"),
+    "matrix of actions": (["--env-id", "tests.toy_envs:CounterMatrixAction-v0"], "a bounded Box of one dimension"),
+}
+LIFECYCLE_SCRIPTS = ["td3_continuous"]
 OWN = {
     "td3_continuous": {"wrong action space": (["--env-id", "CartPole-v1"], "Discrete action space")},
     "sac_continuous": {"wrong action space": (["--env-id", "CartPole-v1"], "Discrete action space"),
@@ -59,6 +73,7 @@ OWN = {
                 "probability above one": (["--mutation-prob", "1.5"], "--mutation-prob must lie in [0, 1]")},
 }
 CASES = [(script, case) for script in SCRIPTS for case in {**COMMON, **OWN[script]}]
+CASES += [(script, case) for script in LIFECYCLE_SCRIPTS for case in LIFECYCLE]
 
 
 def float_flags(script):
@@ -106,7 +121,11 @@ def assert_refused(stderr, expected, before, cwd):
 
 @pytest.mark.parametrize("script,case", CASES)
 def test_bad_input(script, case, tmp_path, tiny_runs, monkeypatch, capsys):
-    flags, expected = {**COMMON, **OWN[script]}[case]
+    flags, expected = {**COMMON, **OWN[script], **LIFECYCLE}[case]
+    if case == "track without a wandb key":
+        for name in ("WANDB_MODE", "WANDB_API_KEY"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
     run = prepare(tmp_path, script, tiny_runs)
     flags = resolve(flags, run, script)
     if case == "runs is a file":
@@ -137,11 +156,15 @@ TYRO = {"misspelled flag": (["--sed", "3"], "--seed"), "not a number": (["--seed
 
 
 @pytest.mark.parametrize("case", TYRO)
-def test_parse_errors_are_one_line(case, tmp_path):
+def test_parse_errors_in_tyros_words(case, tmp_path):
+    """A command line tyro cannot parse: tyro's own message (its box, naming the flag), exit status 2, no traceback,
+    nothing written."""
     flags, expected = TYRO[case]
     result = run_cli("td3_continuous", flags, tmp_path, timeout=60)
     assert result.returncode == 2
-    assert_refused(result.stderr, expected, {}, tmp_path)
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -150,19 +173,6 @@ def test_through_the_command_line(script, tmp_path):
     result = run_cli(script, ["--total-timesteps", "0"], tmp_path, timeout=60)
     assert result.returncode == 1
     assert_refused(result.stderr, "--total-timesteps must be positive", {}, tmp_path)
-
-
-def test_resume_over_a_malformed_evaluations_file_leaves_it_as_it_was(tmp_path, tiny_runs, monkeypatch, capsys):
-    run = prepare(tmp_path, "td3_continuous", tiny_runs)
-    with open(run / "evaluations.csv", "a") as f:
-        f.write("\nnot,a,row\n")
-    before = snapshot(tmp_path)
-    with pytest.raises(SystemExit) as exit_info:
-        run_main("td3_continuous", flags_with(TINY, total_timesteps=800, resume=run / "checkpoint.pt"), tmp_path,
-                 monkeypatch)
-    message = str(exit_info.value.code)
-    assert "evaluations.csv" in message
-    assert snapshot(tmp_path) == before
 
 
 def test_two_runs_in_the_same_second_get_their_own_directories(tmp_path, monkeypatch):

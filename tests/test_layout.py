@@ -68,9 +68,9 @@ def test_every_network_optimizer_and_buffer_is_in_the_checkpoint(script, tmp_pat
     module = importlib.import_module(script)
     save_checkpoint, seen = module.Run.save_checkpoint, []
 
-    def checked(self, state, *rest):
+    def checked(self, state, *rest, **loop):
         seen.append(unregistered(sys._getframe(1).f_locals, state))  # main's locals
-        return save_checkpoint(self, state, *rest)
+        return save_checkpoint(self, state, *rest, **loop)
 
     monkeypatch.setattr(module.Run, "save_checkpoint", checked)
     run_main(script, flags_with(TINY, total_timesteps=300, eval_freq=0, checkpoint_freq=300), tmp_path, monkeypatch)

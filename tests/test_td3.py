@@ -1,6 +1,5 @@
 """TD3's own parts: the target, the replay buffer, action scaling, the critic."""
 import numpy as np
-import pytest
 import torch
 
 import td3_continuous as td3

@@ -3,6 +3,7 @@ policy and offline mode."""
 import numpy as np
 import pytest
 import torch
+
 import td7_continuous as td7
 from tests.conftest import TINY, flags_with, load_checkpoint, run_cli, run_main
 

@@ -1,4 +1,6 @@
 """Tiny envs for the tests, registered on import; a script reaches them as --env-id tests.toy_envs:NAME."""
+import time
+
 import gymnasium as gym
 import numpy as np
 
@@ -16,10 +18,11 @@ class CounterEnv(gym.Env):
     steps_in_process = 0
 
     def __init__(self, terminate_at=None, bad_from=None, bad_reward=float("inf"), nan_obs_from=None, discrete=False,
-                 render_mode=None):
+                 render_mode=None, step_seconds=0.0, action_space=None):
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
-        self.action_space = gym.spaces.Discrete(3) if discrete else gym.spaces.Box(
-            np.array([0.0, -2.0], np.float32), np.array([1.0, 4.0], np.float32))
+        self.action_space = action_space or (gym.spaces.Discrete(3) if discrete else gym.spaces.Box(
+            np.array([0.0, -2.0], np.float32), np.array([1.0, 4.0], np.float32)))
+        self.step_seconds = step_seconds  # a slow env: an evaluation long enough to be interrupted
         self.terminate_at, self.bad_from, self.bad_reward = terminate_at, bad_from, bad_reward
         self.nan_obs_from = nan_obs_from
         self.t = 0
@@ -30,6 +33,7 @@ class CounterEnv(gym.Env):
         return np.array([self.t], np.float32), {}
 
     def step(self, action):
+        time.sleep(self.step_seconds)
         discrete = self.action_space.shape == ()
         if not self.nan_obs(CounterEnv.steps_in_process):
             assert self.action_space.contains(action if discrete else np.asarray(action, np.float32)), action
@@ -51,3 +55,12 @@ for prefix, discrete in [("", False), ("Discrete", True)]:
                  kwargs={"bad_from": 300, "discrete": discrete})
     gym.register(f"{prefix}CounterNanObs-v0", CounterEnv, max_episode_steps=7,
                  kwargs={"nan_obs_from": 100, "discrete": discrete})
+    # No time limit: episodes end only by the env's own termination (never, here).
+    gym.register(f"{prefix}CounterNoLimit-v0", CounterEnv, kwargs={"discrete": discrete})
+    gym.register(f"{prefix}CounterSlow-v0", CounterEnv, max_episode_steps=1000,
+                 kwargs={"step_seconds": 0.005, "discrete": discrete})
+# Spaces a script must refuse: actions of two dimensions, a Discrete space that does not start at 0.
+gym.register("CounterMatrixAction-v0", CounterEnv, max_episode_steps=7,
+             kwargs={"action_space": gym.spaces.Box(-1.0, 1.0, (2, 2), np.float32)})
+gym.register("DiscreteCounterShifted-v0", CounterEnv, max_episode_steps=7,
+             kwargs={"action_space": gym.spaces.Discrete(3, start=1), "discrete": True})

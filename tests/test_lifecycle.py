@@ -1,0 +1,205 @@
+"""The run lifecycle made to fail for real (issue 19): resume with the checkpoint's flags, one writer per run
+directory, signals wherever the run is (training, an evaluation), non-finite rewards, envs without a time limit, a
+full disk and a read-only directory. Each fault must end in one line and no traceback, and leave files that parse and
+a checkpoint that resumes. Bad input that is refused before anything is written: tests/test_bad_input.py."""
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, TINY, cli_env, flags_with, load_checkpoint, run_cli, toy_env
+
+# The scripts whose run machinery has been rebuilt so far; the others follow.
+SCRIPTS = ["td3_continuous"]
+pytestmark = pytest.mark.parametrize("script", SCRIPTS)
+
+
+def start(script, flags, cwd):
+    return subprocess.Popen([sys.executable, str(REPO / f"{script}.py"), *flags], cwd=cwd, env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def the_run_dir(cwd):
+    (run_dir,) = (Path(cwd) / "runs").iterdir()
+    return run_dir
+
+
+def assert_whole(run_dir):
+    """Every file a run leaves parses: args.json, evaluations.csv (a header and rows of five fields), checkpoint.pt;
+    and no temp file is left behind."""
+    json.loads((run_dir / "args.json").read_text())
+    rows = list(csv.reader(open(run_dir / "evaluations.csv")))
+    assert rows[0] == ["global_step", "wall_time_s", "mean_return", "std_return", "returns"]
+    assert all(len(row) == 5 for row in rows)
+    if (run_dir / "checkpoint.pt").exists():
+        load_checkpoint(run_dir)
+    assert not list(run_dir.glob(".*.tmp"))
+
+
+def one_error_line(stderr, expected):
+    lines = [line for line in stderr.strip().splitlines() if not line.startswith("warning:")]
+    assert len(lines) == 1, stderr
+    assert expected in lines[0], stderr
+    assert "Traceback" not in stderr
+
+
+def test_resume_takes_the_checkpoints_flags(script, tmp_path):
+    """--resume alone continues the run as it was made: the checkpoint's flags are the defaults (not the script's:
+    a 1M-step, eval-every-5000 run), args.json keeps them, evaluations.csv holds each step once."""
+    flags = flags_with(TINY, total_timesteps=300, eval_freq=100)
+    assert run_cli(script, flags, tmp_path).returncode == 0
+    run_dir = the_run_dir(tmp_path)
+    result = run_cli(script, ["--resume", str(run_dir / "checkpoint.pt"), "--total-timesteps", "400"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    saved = json.loads((run_dir / "args.json").read_text())
+    assert (saved["batch_size"], saved["eval_freq"], saved["buffer_size"], saved["total_timesteps"]) == (32, 100, 1000,
+                                                                                                        400)
+    steps = [row[0] for row in csv.reader(open(run_dir / "evaluations.csv"))][1:]
+    assert steps == ["100", "200", "300", "400"]
+    assert_whole(run_dir)
+
+
+def test_a_checkpoint_that_does_not_fit_writes_nothing(script, tmp_path):
+    """A checkpoint whose networks do not fit the run (as when an env's spaces change under its id) is refused with
+    one line before args.json, evaluations.csv or anything else is rewritten."""
+    import torch
+
+    assert run_cli(script, flags_with(TINY, total_timesteps=300), tmp_path).returncode == 0
+    run_dir = the_run_dir(tmp_path)
+    checkpoint = load_checkpoint(run_dir)
+    name = next(iter(checkpoint["state"]["actor"]))
+    checkpoint["state"]["actor"][name] = torch.zeros(1)
+    torch.save(checkpoint, run_dir / "checkpoint.pt")
+    before = {p: p.read_bytes() for p in run_dir.iterdir()}
+    result = run_cli(script, ["--resume", str(run_dir / "checkpoint.pt"), "--total-timesteps", "400"], tmp_path)
+    assert result.returncode == 1
+    one_error_line(result.stderr, "the --resume checkpoint does not fit this run")
+    assert {p: p.read_bytes() for p in run_dir.iterdir()} == before
+
+
+def test_one_writer_per_run_directory(script, tmp_path):
+    """While a run goes, a second process resuming its checkpoint is refused, naming the holder; once it has
+    stopped, the resume goes ahead."""
+    first = start(script, flags_with(TINY, total_timesteps=10**6, checkpoint_freq=250, eval_freq=0), tmp_path)
+    try:
+        deadline = time.time() + 120
+        while not list((tmp_path / "runs").glob("*/checkpoint.pt")) and time.time() < deadline:
+            time.sleep(0.2)
+        run_dir = the_run_dir(tmp_path)
+        second = run_cli(script, ["--resume", str(run_dir / "checkpoint.pt")], tmp_path, timeout=120)
+        assert second.returncode == 1
+        one_error_line(second.stderr, f"is in use by process {first.pid} on ")
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=60)
+    assert first.returncode == 128 + signal.SIGTERM
+    result = run_cli(script, ["--resume", str(run_dir / "checkpoint.pt"), "--total-timesteps",
+                              str(load_checkpoint(run_dir)["global_step"] + 10)], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert_whole(run_dir)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP])
+def test_signals_in_training(script, signum, tmp_path):
+    """SIGINT and SIGHUP in training as SIGTERM (tests/test_common.py): a checkpoint, one line, 128 + signal."""
+    proc = start(script, flags_with(TINY, total_timesteps=10**6, checkpoint_freq=0, eval_freq=100, eval_episodes=1),
+                 tmp_path)
+    for line in proc.stdout:
+        if line.startswith("step ") and int(line.split()[1].split("/")[0]) > 200:
+            break
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signum, stderr
+    one_error_line(stderr, f"{signal.Signals(signum).name} at global_step ")
+    assert_whole(the_run_dir(tmp_path))
+
+
+def test_signal_during_an_evaluation(script, tmp_path):
+    """A signal during an evaluation (5 s of a slow env) ends it within a second; the checkpoint says the evaluation
+    is still due, and the resumed run makes it first, at the checkpoint's step."""
+    flags = flags_with(TINY, env_id=toy_env(script, "CounterSlow-v0"), total_timesteps=200, learning_starts=150,
+                       eval_freq=100, eval_episodes=1, checkpoint_freq=0)
+    proc = start(script, flags, tmp_path)
+    proc.stdout.readline()  # "run ...": the run has begun; its first evaluation starts after 0.5 s of steps
+    time.sleep(2.5)
+    sent = time.time()
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert time.time() - sent < 1.5
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    one_error_line(stderr, "SIGTERM at global_step 100")
+    run_dir = the_run_dir(tmp_path)
+    assert load_checkpoint(run_dir)["run"]["evaluation_due"]
+    assert_whole(run_dir)
+    result = run_cli(script, ["--resume", str(run_dir / "checkpoint.pt")], tmp_path)
+    assert result.returncode == 0, result.stderr
+    steps = [row[0] for row in csv.reader(open(run_dir / "evaluations.csv"))][1:]
+    assert steps == ["100", "200"]
+
+
+def test_non_finite_reward_is_never_stored(script, tmp_path):
+    """An infinite reward at the 300th step stops the run naming the reward and its step; the checkpoint before it
+    holds only finite rewards, and resumes (to stop at the same step again)."""
+    flags = flags_with(TINY, env_id=toy_env(script, "CounterInfReward-v0"), total_timesteps=2000,
+                       learning_starts=100, checkpoint_freq=250, eval_freq=0)
+    result = run_cli(script, flags, tmp_path)
+    assert result.returncode == 1
+    one_error_line(result.stderr, "error: non-finite reward at global_step ")
+    run_dir = the_run_dir(tmp_path)
+    assert_whole(run_dir)
+    checkpoint = load_checkpoint(run_dir)
+    assert checkpoint["global_step"] == 250
+    assert checkpoint["state"]["rb"]["data"].isfinite().all()
+
+
+def test_env_without_a_time_limit(script, tmp_path):
+    """An env with no TimeLimit: checkpoints work, and an evaluation episode that never ends stops at the script's
+    step limit."""
+    flags = flags_with(TINY, env_id=toy_env(script, "CounterNoLimit-v0"), total_timesteps=300, eval_episodes=1)
+    result = run_cli(script, flags, tmp_path)
+    assert result.returncode == 0, result.stderr
+    run_dir = the_run_dir(tmp_path)
+    rows = list(csv.DictReader(open(run_dir / "evaluations.csv")))
+    assert float(rows[-1]["mean_return"]) == 10_000  # a reward of 1 per step, up to the limit
+    resumed = run_cli(script, ["--resume", str(run_dir / "checkpoint.pt"), "--total-timesteps", "400"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+
+
+def mount(tmp_path, name, options):
+    if os.geteuid() != 0 and not os.environ.get("CI"):
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    path = tmp_path / name
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], check=True)
+    return path
+
+
+def test_full_disk(script, tmp_path):
+    """runs/ on a tmpfs too small for the first checkpoint: one line naming the file, the evaluation written before
+    it whole, no temp file left."""
+    runs = mount(tmp_path, "runs", "size=400k")
+    try:
+        result = run_cli(script, TINY, tmp_path)
+        assert result.returncode == 1
+        one_error_line(result.stderr, "checkpoint.pt: no space left")
+        run_dir = the_run_dir(tmp_path)
+        assert_whole(run_dir)
+        assert not (run_dir / "checkpoint.pt").exists()
+    finally:
+        subprocess.run(["umount", str(runs)], check=True)
+
+
+def test_read_only_directory(script, tmp_path):
+    runs = mount(tmp_path, "runs", "ro,size=64k")
+    try:
+        result = run_cli(script, TINY, tmp_path)
+        assert result.returncode == 1
+        one_error_line(result.stderr, "cannot create the run directory")
+    finally:
+        subprocess.run(["umount", str(runs)], check=True)
