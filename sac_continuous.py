@@ -213,46 +213,36 @@ class ReplayBuffer:
     """Uniform replay in one preallocated float32 tensor on the training device.
 
     A row is [obs, action, reward, terminated, next_obs], written by slice from one asynchronous upload per vector
-    step. A batch is gathered into `self.batch`, which stays in one place in memory (as a CUDA graph needs). Actions
-    are stored normalised, in [-1, 1].
+    step. A batch is gathered into `self.batch`, which stays in one place in memory (as a CUDA graph needs); the
+    length is a device tensor too, so that sampling never reads a host number. Actions are stored normalised.
     """
 
-    def __init__(self, capacity, obs_dim, act_dim, batch_size, device, device_length=False):
-        self.capacity, self.device, self.pos, self.full = capacity, device, 0, False
+    def __init__(self, capacity, obs_dim, act_dim, batch_size, device):
+        self.capacity = capacity
+        self.device = device
+        self.pos = 0
+        self.full = False
         self.split = [obs_dim, act_dim, 1, 1, obs_dim]
         self.data = torch.zeros(capacity, sum(self.split), device=device)
         self.batch = torch.zeros(batch_size, sum(self.split), device=device)
-        # --compile/--cudagraphs sample with the length as a device tensor: a graph cannot take a new host number
-        # each step. Without them sampling keeps a host length, and its random numbers (the golden runs).
-        self.length = torch.zeros((), dtype=torch.int64, device=device) if device_length else None
+        self.length = torch.zeros((), dtype=torch.int64, device=device)
 
     def __len__(self):
         return self.capacity if self.full else self.pos
 
-    def add(self, obs, action, reward, terminated, next_obs, acting_obs):
-        """Store one row per env; `acting_obs`, the observation the policy acts on next, travels in the same
-        upload, and its device copy is returned."""
-        rows = np.concatenate([obs, action, reward[:, None], terminated[:, None], next_obs], 1)
-        n, width = rows.shape
-        # The acting observation first: at the start of the tensor, aligned in memory as a tensor of its own is, so
-        # the policy's matmul computes the same bits.
-        uploaded = upload(np.concatenate([acting_obs.ravel(), rows.ravel()]), self.device)
-        acting_obs, rows = uploaded[: acting_obs.size].view(acting_obs.shape), uploaded[acting_obs.size:].view(n, width)
-        first = min(n, self.capacity - self.pos)  # the rows before the ring wraps around
-        self.data[self.pos: self.pos + first] = rows[:first]
-        self.data[: n - first] = rows[first:]
-        self.full = self.full or self.pos + n >= self.capacity
-        self.pos = (self.pos + n) % self.capacity
-        if self.length is not None:
-            self.length.fill_(len(self))
-        return acting_obs
+    def add(self, obs, action, reward, terminated, next_obs):
+        """Store one row per env."""
+        rows = upload(np.concatenate([obs, action, reward[:, None], terminated[:, None], next_obs], 1), self.device)
+        first = min(len(rows), self.capacity - self.pos)  # the rows before the ring wraps around
+        self.data[self.pos : self.pos + first] = rows[:first]
+        self.data[: len(rows) - first] = rows[first:]
+        self.full = self.full or self.pos + len(rows) >= self.capacity
+        self.pos = (self.pos + len(rows)) % self.capacity
+        self.length.fill_(len(self))
 
     def sample(self):
         """obs, action, reward, terminated, next_obs of a uniform batch; reward and terminated of shape (batch, 1)."""
-        if self.length is None:
-            idx = torch.randint(0, len(self), (len(self.batch),), device=self.device)
-        else:
-            idx = torch.randint(0, 2**62, (len(self.batch),), device=self.device) % self.length
+        idx = torch.randint(0, 2**62, (len(self.batch),), device=self.device) % self.length
         self.batch.copy_(self.data[idx])
         return self.batch.split(self.split, dim=1)
 
@@ -261,9 +251,9 @@ class ReplayBuffer:
 
     def load_state_dict(self, state):
         self.data[: len(state["data"])] = state["data"].to(self.device)
-        self.pos, self.full = state["pos"], state["full"]
-        if self.length is not None:
-            self.length.fill_(len(self))
+        self.pos = state["pos"]
+        self.full = state["full"]
+        self.length.fill_(len(self))
 
 
 def upload(array, device):
@@ -370,8 +360,7 @@ def main(args):
     q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.q_lr, fused=True, capturable=args.cudagraphs)
     alpha_optimizer = torch.optim.Adam([log_alpha], lr=args.q_lr, fused=True, capturable=args.cudagraphs)
     check_memory(ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.batch_size, torch.device("meta")), device)
-    rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.batch_size, device,
-                      device_length=args.compile or args.cudagraphs)
+    rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.batch_size, device)
     # The updates as callables without arguments, compiled or captured as CUDA graphs under the flags.
     critic_step = accelerate(partial(update_critic, rb, actor, qf, qf_target, q_optimizer, log_alpha, args), args)
     policy_step = accelerate(partial(update_policy, rb, actor, qf, actor_optimizer, log_alpha, alpha_optimizer,
@@ -410,8 +399,9 @@ def main(args):
                 run.log_episode(global_step, episode_return[i], episode_length[i])
                 episode_return[i], episode_length[i] = 0.0, 0
 
-            obs_on_device = rb.add(obs, action, reward, terminated, true_next_obs(next_obs, infos), next_obs)
+            rb.add(obs, action, reward, terminated, true_next_obs(next_obs, infos))
             obs = next_obs
+            obs_on_device = upload(obs, device)
 
             if global_step > args.learning_starts:
                 qf_loss, qf_values = critic_step()
