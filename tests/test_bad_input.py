@@ -42,7 +42,7 @@ LIFECYCLE = {
     "track without a wandb key": (["--track"], "--track needs a wandb key"),
     "matrix of actions": (["--env-id", "tests.toy_envs:CounterMatrixAction-v0"], "a bounded Box of one dimension"),
 }
-LIFECYCLE_SCRIPTS = ["td3_continuous"]
+LIFECYCLE_SCRIPTS = ["td3_continuous", "sac_continuous"]
 OWN = {
     "td3_continuous": {"wrong action space": (["--env-id", "CartPole-v1"], "Discrete action space")},
     "sac_continuous": {"wrong action space": (["--env-id", "CartPole-v1"], "Discrete action space"),

@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import REPO, TINY, cli_env, flags_with, load_checkpoint, run_cli, toy_env
 
 # The scripts whose run machinery has been rebuilt so far; the others follow.
-SCRIPTS = ["td3_continuous"]
+SCRIPTS = ["td3_continuous", "sac_continuous"]
 pytestmark = pytest.mark.parametrize("script", SCRIPTS)
 
 
