@@ -26,6 +26,7 @@ import contextlib
 import csv
 import datetime
 import fcntl
+import importlib.util
 import itertools
 import json
 import os
@@ -389,15 +390,13 @@ def main(args):
 # ======================================================================================================================
 
 # Flags a resume may change: they change how a run is watched, not what it computes.
-WATCH_FLAGS = {"total_timesteps", "resume", "track", "wandb_project_name", "wandb_entity", "capture_video",
-               "save_model", "eval_freq", "eval_episodes", "checkpoint_freq", "log_freq", "torch_threads", "cuda"}
-SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+WATCH_FLAGS = {"total_timesteps", "resume", "track", "wandb_project_name", "wandb_entity", "capture_video"}
+WATCH_FLAGS |= {"save_model", "eval_freq", "eval_episodes", "checkpoint_freq", "log_freq", "torch_threads", "cuda"}
 EVAL_STEP_LIMIT = 10_000  # the longest evaluation episode of an env without a time limit (MuJoCo's is 1,000)
-MAX_EVAL_EPISODES = 1000
 
 
 class Stop(Exception):
-    """A signal, raised inside an evaluation (which changes no training state) so that it ends at once."""
+    """A signal during an evaluation, which changes no training state: the evaluation ends at once."""
 
 
 def fail(message):
@@ -412,90 +411,75 @@ def first_line(error):
 def parse_args():
     """The command line, in tyro's words; with --resume, the checkpoint's arguments are the defaults."""
     args = tyro.cli(Args)
-    if args.resume is None:
+    if not args.resume:
         return args
     saved = load_checkpoint(args.resume)["args"]
     return tyro.cli(Args, default=Args(**{f.name: saved[f.name] for f in fields(Args) if f.name in saved}))
 
 
 def check_args(args):
-    """Every flag in its range, before anything is written."""
-    positive = ["total_timesteps", "num_envs", "buffer_size", "batch_size", "eval_episodes", "log_freq",
-                "policy_frequency", "learning_rate", "tau"]
-    non_negative = ["learning_starts", "eval_freq", "checkpoint_freq", "torch_threads", "policy_noise", "noise_clip",
-                    "exploration_noise"]
+    """Every flag in its range and every optional dependency in place, before anything is written."""
+    positive = ["total_timesteps", "num_envs", "buffer_size", "batch_size", "eval_episodes", "log_freq"]
+    positive += ["policy_frequency", "learning_rate", "tau"]
+    non_negative = ["learning_starts", "eval_freq", "checkpoint_freq", "torch_threads", "policy_noise"]
+    non_negative += ["noise_clip", "exploration_noise"]
     for name, value in asdict(args).items():
-        flag = f"--{name.replace('_', '-')}"
+        flag = "--" + name.replace("_", "-")
         if isinstance(value, float) and not np.isfinite(value):
             fail(f"{flag} must be a finite number, got {value}")
         if name in positive and value <= 0 or name in non_negative and value < 0:
             fail(f"{flag} must be {'positive' if name in positive else 'non-negative'}, got {value}")
-    checks = [
-        (0 <= args.gamma <= 1, f"--gamma must lie in [0, 1], got {args.gamma}"),
-        (args.tau <= 1, f"--tau must lie in [0, 1], got {args.tau}"),
-        (0 <= args.seed < 2**31, f"--seed must lie in [0, 2**31), got {args.seed}"),
-        (args.eval_episodes <= MAX_EVAL_EPISODES, f"--eval-episodes must be at most {MAX_EVAL_EPISODES}"),
-        (args.batch_size <= args.buffer_size, f"--batch-size {args.batch_size} is larger than --buffer-size "
-                                              f"{args.buffer_size}"),
-        (args.learning_starts < args.total_timesteps, f"--learning-starts {args.learning_starts} is not below "
-                                                      f"--total-timesteps {args.total_timesteps}: no update "
-                                                      "would happen"),
-        (os.path.basename(args.exp_name) == args.exp_name and not args.exp_name.startswith(".")
-         and 0 < len(args.exp_name) <= 100, f"--exp-name {args.exp_name!r} must be a plain file name of 1-100 "
-                                            "characters"),
-        (args.resume != "", "--resume needs the path of a checkpoint.pt"),
-        (not args.cudagraphs or args.cuda and torch.cuda.is_available(),
-         "--cudagraphs needs a GPU: " + ("--no-cuda is set" if not args.cuda else "none is available")),
-    ]
-    for ok, message in checks:
-        if not ok:
+    wandb_key = os.environ.get("WANDB_API_KEY") or os.path.exists(os.path.expanduser("~/.netrc"))
+    problems = {
+        f"--gamma must lie in [0, 1], got {args.gamma}": not 0 <= args.gamma <= 1,
+        f"--tau must lie in [0, 1], got {args.tau}": args.tau > 1,
+        f"--seed must lie in [0, 2**31), got {args.seed}": not 0 <= args.seed < 2**31,
+        "--eval-episodes must be at most 1000": args.eval_episodes > 1000,
+        f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}": (
+            args.batch_size > args.buffer_size
+        ),
+        f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}: no update "
+        "would happen": args.learning_starts >= args.total_timesteps,
+        f"--exp-name {args.exp_name!r} must be a plain file name of 1-100 characters": not (
+            0 < len(args.exp_name) <= 100 and "/" not in args.exp_name and not args.exp_name.startswith(".")
+        ),
+        "--resume needs the path of a checkpoint.pt": args.resume == "",
+        "--cudagraphs needs a GPU: --no-cuda is set": args.cudagraphs and not args.cuda,
+        "--cudagraphs needs a GPU: none is available": args.cudagraphs and not torch.cuda.is_available(),
+        "--track needs wandb: pip install wandb": args.track and not importlib.util.find_spec("wandb"),
+        "--track needs a wandb key (wandb login, or WANDB_API_KEY) or WANDB_MODE=offline": (
+            args.track and not (wandb_key or os.environ.get("WANDB_MODE") in ("offline", "disabled"))
+        ),
+    }
+    for message, problem in problems.items():
+        if problem:
             fail(message)
-    if args.track:
-        check_wandb()
-
-
-def check_wandb():
-    """--track: wandb installed, and a key to log in with or WANDB_MODE=offline."""
-    try:
-        import netrc
-
-        import wandb  # noqa: F401
-    except ImportError:
-        fail("--track needs wandb: pip install wandb")
-    offline = os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun")
-    with contextlib.suppress(OSError, netrc.NetrcParseError):
-        offline = offline or netrc.netrc().authenticators("api.wandb.ai") is not None
-    if not (offline or os.environ.get("WANDB_API_KEY")):
-        fail("--track needs a wandb key (wandb login, or WANDB_API_KEY) or WANDB_MODE=offline")
 
 
 def check_env(args):
     """Fail with one line unless --env-id names an env this script can learn: vector observations, a bounded Box of
-    actions of one dimension; with --capture-video, one that renders."""
-    if not args.capture_video:
-        os.environ["MUJOCO_GL"] = "disable"  # nothing renders: a missing render backend must not stop the run
-    elif "DISPLAY" not in os.environ:
-        os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering
+    actions of one dimension; with --capture-video, one that renders and can be recorded."""
+    # Nothing renders without --capture-video: no render backend (MUJOCO_GL) may stop the run.
+    os.environ["MUJOCO_GL"] = os.environ.get("MUJOCO_GL", "egl") if args.capture_video else "disable"
     try:
         env = gym.make(args.env_id, render_mode="rgb_array" if args.capture_video else None)
     except Exception as e:  # gymnasium raises many kinds: unknown id, missing extra, bad module path
         fail(f"cannot make --env-id {args.env_id!r}: {first_line(e)}")
     obs_space, act_space = env.observation_space, env.action_space
     if not isinstance(act_space, gym.spaces.Box):
-        fail(f"{args.env_id} has a {type(act_space).__name__} action space; TD3 needs a continuous (Box) one, "
-             "see sac_discrete.py")
+        fail(f"{args.env_id} has a {type(act_space).__name__} action space; TD3 needs a Box, see sac_discrete.py")
     if len(act_space.shape) != 1 or not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
         fail(f"{args.env_id} has actions {act_space}; TD3's tanh policy needs a bounded Box of one dimension")
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
         fail(f"{args.env_id} has {obs_space} observations; this script needs a flat vector (Box of one dimension)")
-    if args.capture_video:
-        try:
+    try:
+        if args.capture_video:
             import moviepy  # noqa: F401 (RecordVideo writes with it)
 
             env.reset(seed=0)
             env.render()
-        except Exception as e:
-            fail(f"--capture-video cannot record {args.env_id}: {first_line(e)}")
+    except Exception as e:
+        fail(f"--capture-video cannot record {args.env_id}: {first_line(e)}")
     env.close()
 
 
@@ -504,20 +488,20 @@ def load_checkpoint(path):
         checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     except Exception as e:
         fail(f"cannot read --resume file {path}: {first_line(e)}")
-    if not isinstance(checkpoint, dict) or not {"args", "run_name", "loop", "state", "run"} <= checkpoint.keys():
+    if not isinstance(checkpoint, dict) or not {"args", "loop", "state", "run"} <= checkpoint.keys():
         fail(f"--resume file {path} is not a checkpoint.pt of this script (model.pt holds only the networks)")
     return checkpoint
 
 
 def read_checkpoint(args):
     """The --resume checkpoint (None without one), refused unless it was made with the same algorithm flags."""
-    if args.resume is None:
+    if not args.resume:
         return None
     checkpoint = load_checkpoint(args.resume)
     for name, value in asdict(args).items():
         if name not in WATCH_FLAGS and checkpoint["args"].get(name) != value:
-            fail(f"--resume file {args.resume} was made with --{name.replace('_', '-')} "
-                 f"{checkpoint['args'].get(name)}, not {value}")
+            saved = checkpoint["args"].get(name)
+            fail(f"--resume file {args.resume} was made with --{name.replace('_', '-')} {saved}, not {value}")
     step = checkpoint["loop"]["global_step"]
     if args.total_timesteps < step or args.total_timesteps == step and not checkpoint["run"]["evaluation_due"]:
         fail(f"--total-timesteps {args.total_timesteps} is not beyond the checkpoint's global_step {step}")
@@ -535,12 +519,11 @@ def restore(checkpoint, state, envs, start):
                 value.load_state_dict(checkpoint["state"][name])
         for env, saved in zip(envs, checkpoint["envs"], strict=True):
             set_env_state(env, saved)
-        rng = checkpoint["rng"]
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        torch.set_rng_state(rng["torch"])
-        if rng["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state(rng["cuda"])
+        random.setstate(checkpoint["rng"]["python"])
+        np.random.set_state(checkpoint["rng"]["numpy"])
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+        if checkpoint["rng"]["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state(checkpoint["rng"]["cuda"])
         return {name: checkpoint["loop"][name] for name in start}
     except (KeyError, RuntimeError, ValueError, TypeError) as e:
         fail(f"the --resume checkpoint does not fit this run: {first_line(e)}")
@@ -562,19 +545,18 @@ def choose_device(args):
 def check_memory(device, args, networks, buffer):
     """Fail with one line unless the run fits in the memory free on `device` (the GPU's, or the host's within a
     cgroup's limit): the `networks` (built here on the meta device: shapes, no memory) with gradients and Adam's
-    moments, the replay `buffer` (built on the meta device), and one update's activations (about four floats per unit
-    of each layer and sample)."""
+    moments, one update's activations (about four floats per unit of each layer and sample), and the replay `buffer`
+    (built on the meta device)."""
     with torch.device("meta"):
         named = [p for net in networks() for p in net.named_parameters()]
-    units = sum(p.numel() for name, p in named if "bias" in name)
-    need = 16 * sum(p.numel() for _, p in named) + 16 * units * args.batch_size
+    need = 16 * sum(p.numel() * (args.batch_size if "bias" in name else 1) for name, p in named)
     need += sum(t.numel() * t.element_size() for t in vars(buffer).values() if isinstance(t, torch.Tensor))
     if device.type == "cuda":
         free = torch.cuda.mem_get_info(device)[0]
     else:
         free = int(open("/proc/meminfo").read().split("MemAvailable:")[1].split()[0]) * 1024
         with contextlib.suppress(OSError, ValueError):
-            limit = open("/sys/fs/cgroup/memory.max").read().strip()
+            limit = open("/sys/fs/cgroup/memory.max").read()
             free = min(free, int(limit) - int(open("/sys/fs/cgroup/memory.current").read()))
     if need > free:
         fail(f"the run needs {need / 2**30:.1f} GiB, more than the {free / 2**30:.1f} GiB free on the {device.type};"
@@ -624,7 +606,7 @@ def env_state(env):
     """What it takes to continue one env's episode bit for bit: its RNG, time-limit counter and physics."""
     u = env.unwrapped
     state = {"np_random": u.np_random.bit_generator.state}
-    with contextlib.suppress(AttributeError):  # an env without a time limit
+    with contextlib.suppress(AttributeError):  # an env without a time limit has no counter
         state["elapsed_steps"] = env.get_wrapper_attr("_elapsed_steps")
     if hasattr(u, "model") and hasattr(u, "data"):  # MuJoCo: the full integration state, warm-start included
         import mujoco
@@ -675,27 +657,25 @@ def evaluate(policy, env_id, episodes, seed, device, video_folder=None, video_pr
 
 def write_atomically(path, write, mode="w"):
     """Write `path` through a uniquely named temp file and a rename: a kill or a failed write (disk full, permission)
-    leaves the previous file whole; a failed write ends the run with one line."""
+    leaves the previous file whole, and a failed write ends the run with one line."""
     directory, name = os.path.split(path)
+    temp = None
     try:
         fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
-    except OSError as e:
-        fail(f"cannot write {path}: {e.strerror}")
-    try:
         os.fchmod(fd, 0o644)
         with os.fdopen(fd, mode) as f:
             write(f)
         os.replace(temp, path)
     except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError of its own words
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, TypeError):
             os.remove(temp)
-        reason = getattr(e, "strerror", None) or first_line(e)
-        fail(f"cannot write {path}: {'no space left' if shutil.disk_usage(directory).free < 2**20 else reason}")
+        full = shutil.disk_usage(directory).free < 2**20
+        fail(f"cannot write {path}: {'no space left' if full else getattr(e, 'strerror', None) or first_line(e)}")
 
 
 def claim_run_dir(args):
     """The run's directory and its lock: runs/{run_name}, created exclusively (runs/{run_name}-1, -2 ... when another
-    run took it in the same second), or the --resume checkpoint's. A second process is refused."""
+    run took it in the same second), or the --resume checkpoint's."""
     if args.resume:
         path = os.path.dirname(os.path.abspath(args.resume))
         return path, lock(path)
@@ -712,8 +692,8 @@ def claim_run_dir(args):
 
 
 def lock(run_dir):
-    """Take the run directory's lock (until its file descriptor, returned, is closed) and note who holds it; refuse
-    if another does."""
+    """Take the run directory's lock until its file descriptor (returned) is closed, and say who holds it: a second
+    process is refused with one line naming the first."""
     try:
         fd = os.open(os.path.join(run_dir, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -736,33 +716,33 @@ class Run:
         self.dir, self.lock = claim_run_dir(args)
         self.name = os.path.basename(self.dir)
         saved = checkpoint["run"] if checkpoint else {"wall_time": 0.0, "evaluations": [], "evaluation_due": False}
-        self.evaluations = saved["evaluations"]  # one row per evaluation, as evaluations.csv holds it
+        self.evaluations = saved["evaluations"]  # one row per evaluation, as evaluations.csv holds them
         self.evaluation_due = saved["evaluation_due"]
         self.start_time = time.time() - saved["wall_time"]
         self.result = None
         write_atomically(os.path.join(self.dir, "args.json"), lambda f: json.dump(asdict(args), f, indent=2))
-        self.write_evaluations()  # on resume: the rows up to the checkpoint, dropping later ones
+        self.write_evaluations()  # on resume: the rows up to the checkpoint, dropping any made after it
         if args.track:
             import wandb
 
+            id = self.name[-64:].replace(".", "-")
             wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=asdict(args), name=self.name, id=self.name[-64:].replace(".", "-"), resume="allow",
-                       save_code=True, dir=self.dir)
+                       config=asdict(args), name=self.name, id=id, resume="allow", save_code=True, dir=self.dir)
         loop = checkpoint["loop"] if checkpoint else {"global_step": 0, "num_updates": 0}
         self.writer = SummaryWriter(self.dir, purge_step=loop["global_step"] if checkpoint else None)
-        self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
-            f"|{k}|{v}|" for k, v in asdict(args).items()))
+        table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
+        self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
         # Each update's metrics stay on the device until the next log, so that a non-finite one can be named with
         # its update and step without waiting for the device after every update.
         self.metrics = []
         self.metric_names = []
         self.sps_start = None
         self.tty = sys.stdout.isatty()
-        self.line_open = False  # a progress line on the terminal that the next line replaces
+        self.line_open = False  # a progress line on the terminal, which the next line replaces
         self.last_report = (time.time(), loop["global_step"], loop["num_updates"], not checkpoint)
         self.signal = None
         self.evaluating = False
-        self.handlers = {s: signal.signal(s, self.on_signal) for s in SIGNALS}
+        self.handlers = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         print(f"run {self.dir}: {args.env_id}, {args.total_timesteps} steps on {device}", flush=True)
         if checkpoint:
             print(f"resumed {self.dir} at global_step {loop['global_step']}", flush=True)
@@ -771,9 +751,6 @@ class Run:
         self.signal = signum
         if self.evaluating:
             raise Stop
-
-    def elapsed(self):
-        return time.time() - self.start_time
 
     def progress(self, global_step, num_updates):
         """Env steps/s and updates/s since the last report, the last evaluation and the ETA: on a terminal a line
@@ -786,19 +763,16 @@ class Run:
         ups = (num_updates - last_updates) / (now - then)
         left = max(self.args.total_timesteps - global_step, 0)
         eta = datetime.timedelta(seconds=int(left / sps)) if sps else "-"
-        last = f"{self.evaluations[-1][2]:.1f} +- {self.evaluations[-1][3]:.1f}" if self.evaluations else "-"
-        line = (f"step {global_step}/{self.args.total_timesteps} ({1 - left / self.args.total_timesteps:.0%}) | "
-                f"{sps:.0f} steps/s | {ups:.0f} updates/s | last eval {last} | ETA {eta}")
-        if self.tty:  # rewritten in place until a line of its own (self.say) follows
-            print("\r\033[K" + line, end="", flush=True)
-        else:
-            self.say(line)
-        self.line_open = self.tty
+        last = "{2:.1f} +- {3:.1f}".format(*self.evaluations[-1]) if self.evaluations else "-"
+        done = 1 - left / self.args.total_timesteps
+        line = f"step {global_step}/{self.args.total_timesteps} ({done:.0%}) | {sps:.0f} steps/s | {ups:.0f} updates/s"
+        self.say(f"{line} | last eval {last} | ETA {eta}", end="" if self.tty else "\n")
+        self.line_open = self.tty  # rewritten in place until a line of its own follows
         self.last_report = (now, global_step, num_updates, False)
 
-    def say(self, line, file=None):
+    def say(self, line, file=None, end="\n"):
         """Print a line of its own; on a terminal, in place of the progress line."""
-        print(("\r\033[K" if self.line_open else "") + line, file=file, flush=True)
+        print(("\r\033[K" if self.line_open else "") + line, file=file, end=end, flush=True)
         self.line_open = False
 
     def log_episode(self, global_step, episode_return, episode_length):
@@ -825,8 +799,8 @@ class Run:
         for name, value in zip(self.metric_names, values.mean(0).tolist()):
             self.writer.add_scalar(f"losses/{name}", value, global_step)
         start_step, start_time = self.sps_start
-        self.writer.add_scalar("charts/SPS", int((global_step - start_step) / max(time.time() - start_time, 1e-9)),
-                               global_step)
+        sps = (global_step - start_step) / max(time.time() - start_time, 1e-9)
+        self.writer.add_scalar("charts/SPS", int(sps), global_step)
         self.metrics = []
 
     def check_finite(self, global_step, **arrays):
@@ -856,33 +830,32 @@ class Run:
         self.evaluation_due = False
         mean, std = float(np.mean(returns)), float(np.std(returns))
         self.writer.add_scalar("eval/episodic_return", mean, global_step)
-        returns_text = " ".join(f"{r:.2f}" for r in returns)
-        self.evaluations.append([global_step, round(self.elapsed(), 1), mean, std, returns_text])
+        wall_time = round(time.time() - self.start_time, 1)
+        self.evaluations.append([global_step, wall_time, mean, std, " ".join(f"{r:.2f}" for r in returns)])
         self.write_evaluations()
         self.result = {"run_dir": self.dir, "global_step": global_step, "eval_mean": mean, "eval_std": std}
         self.say(f"step {global_step}/{self.args.total_timesteps} | eval return {mean:.1f} +- {std:.1f}")
 
     def write_evaluations(self):
-        header = ["global_step", "wall_time_s", "mean_return", "std_return", "returns"]
-        write_atomically(os.path.join(self.dir, "evaluations.csv"),
-                         lambda f: csv.writer(f, lineterminator="\n").writerows([header] + self.evaluations))
+        rows = [["global_step", "wall_time_s", "mean_return", "std_return", "returns"], *self.evaluations]
+        write_atomically(os.path.join(self.dir, "evaluations.csv"), lambda f: csv.writer(f).writerows(rows))
 
     def save_checkpoint(self, state, envs, **loop):
         """Write everything needed to continue: `state`, the envs, every RNG, the run's evaluations and the loop's
         values by name (global_step first). After a signal, the run ends here with exit status 128 + signal."""
         self.log_metrics(loop["global_step"])
         path = os.path.join(self.dir, "checkpoint.pt")
+        run = {"wall_time": time.time() - self.start_time, "evaluations": self.evaluations}
+        rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+        rng["cuda"] = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
         checkpoint = {
             "args": asdict(self.args),
-            "run_name": self.name,
             "loop": loop,
-            "run": {"wall_time": self.elapsed(), "evaluations": self.evaluations,
-                    "evaluation_due": self.evaluation_due},
-            "state": {name: value.bit_generator.state if isinstance(value, np.random.Generator) else value.state_dict()
-                      for name, value in state.items()},
+            "run": {**run, "evaluation_due": self.evaluation_due},
+            "state": {k: v.bit_generator.state if isinstance(v, np.random.Generator) else v.state_dict()
+                      for k, v in state.items()},
             "envs": [env_state(env) for env in envs],
-            "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None},
+            "rng": rng,
         }
         write_atomically(path, partial(torch.save, checkpoint), mode="wb")
         if self.signal:

@@ -121,17 +121,19 @@ def test_signals_in_training(script, signum, tmp_path):
 
 
 def test_signal_during_an_evaluation(script, tmp_path):
-    """A signal during an evaluation (5 s of a slow env) ends it within a second; the checkpoint says the evaluation
-    is still due, and the resumed run makes it first, at the checkpoint's step."""
+    """A signal during an evaluation (its env is slow from the 100th step on: 5 s an episode) ends it within seconds;
+    the checkpoint says the evaluation is still due, and the resumed run makes it first, at the checkpoint's step."""
     flags = flags_with(TINY, env_id=toy_env(script, "CounterSlow-v0"), total_timesteps=200, learning_starts=150,
                        eval_freq=100, eval_episodes=1, checkpoint_freq=0)
     proc = start(script, flags, tmp_path)
-    proc.stdout.readline()  # "run ...": the run has begun; its first evaluation starts after 0.5 s of steps
-    time.sleep(2.5)
+    deadline = time.time() + 120
+    while not (tmp_path / "slow_steps_began").exists() and time.time() < deadline:  # the evaluation has begun
+        time.sleep(0.05)
+    time.sleep(0.5)
     sent = time.time()
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
-    assert time.time() - sent < 1.5
+    assert time.time() - sent < 3
     assert proc.returncode == 128 + signal.SIGTERM, stderr
     one_error_line(stderr, "SIGTERM at global_step 100")
     run_dir = the_run_dir(tmp_path)

@@ -1,5 +1,6 @@
 """Tiny envs for the tests, registered on import; a script reaches them as --env-id tests.toy_envs:NAME."""
 import time
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -22,7 +23,7 @@ class CounterEnv(gym.Env):
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
         self.action_space = action_space or (gym.spaces.Discrete(3) if discrete else gym.spaces.Box(
             np.array([0.0, -2.0], np.float32), np.array([1.0, 4.0], np.float32)))
-        self.step_seconds = step_seconds  # a slow env: an evaluation long enough to be interrupted
+        self.step_seconds = step_seconds  # slow steps: an evaluation long enough to be interrupted
         self.terminate_at, self.bad_from, self.bad_reward = terminate_at, bad_from, bad_reward
         self.nan_obs_from = nan_obs_from
         self.t = 0
@@ -33,7 +34,9 @@ class CounterEnv(gym.Env):
         return np.array([self.t], np.float32), {}
 
     def step(self, action):
-        time.sleep(self.step_seconds)
+        if self.step_seconds and CounterEnv.steps_in_process >= 100:  # slow from the 100th step of the process on
+            time.sleep(self.step_seconds)
+            Path("slow_steps_began").touch()  # in the run's working directory: a test waits for it
         discrete = self.action_space.shape == ()
         if not self.nan_obs(CounterEnv.steps_in_process):
             assert self.action_space.contains(action if discrete else np.asarray(action, np.float32)), action
