@@ -392,6 +392,7 @@ def main(args):
 # Flags a resume may change: they change how a run is watched, not what it computes.
 WATCH_FLAGS = {"total_timesteps", "resume", "track", "wandb_project_name", "wandb_entity", "capture_video"}
 WATCH_FLAGS |= {"save_model", "eval_freq", "eval_episodes", "checkpoint_freq", "log_freq", "torch_threads", "cuda"}
+EPISODE_VALUES = ["obs", "episode_return", "episode_length"]  # the loop's values of the envs' running episodes
 EVAL_STEP_LIMIT = 10_000  # the longest evaluation episode of an env without a time limit (MuJoCo's is 1,000)
 
 
@@ -517,14 +518,19 @@ def restore(checkpoint, state, envs, start):
                 value.bit_generator.state = checkpoint["state"][name]
             else:
                 value.load_state_dict(checkpoint["state"][name])
-        for env, saved in zip(envs, checkpoint["envs"], strict=True):
-            set_env_state(env, saved)
+        loop = {name: checkpoint["loop"][name] for name in start}
+        if all("mujoco" in saved or "state" in saved for saved in checkpoint["envs"]):
+            for env, saved in zip(envs, checkpoint["envs"], strict=True):
+                set_env_state(env, saved)
+        else:  # an env whose state this script cannot read: new episodes, from the reset in `start`
+            print("warning: cannot restore the envs' state; the resumed run starts new episodes", file=sys.stderr)
+            loop.update({name: start[name] for name in EPISODE_VALUES})
         random.setstate(checkpoint["rng"]["python"])
         np.random.set_state(checkpoint["rng"]["numpy"])
         torch.set_rng_state(checkpoint["rng"]["torch"])
         if checkpoint["rng"]["cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state(checkpoint["rng"]["cuda"])
-        return {name: checkpoint["loop"][name] for name in start}
+        return loop
     except (KeyError, RuntimeError, ValueError, TypeError) as e:
         fail(f"the --resume checkpoint does not fit this run: {first_line(e)}")
 
