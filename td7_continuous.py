@@ -237,60 +237,51 @@ class LAPReplayBuffer:
     A row is [obs, action, reward, terminated, next_obs], actions normalised to [-1, 1], written by slice from one
     asynchronous upload per vector step. New rows get the current max priority; a batch is drawn with probability
     proportional to priority (exactly: a cumulative sum and a binary search, as the authors' code), into
-    `self.batch`, which stays in one place in memory (as a CUDA graph needs); there are no importance weights.
+    `self.batch`, which stays in one place in memory (as a CUDA graph needs); there are no importance weights. The
+    length is a device tensor too, so that sampling never reads a host number.
     """
 
-    def __init__(self, capacity, obs_dim, act_dim, batch_size, device, device_length=False):
-        self.capacity, self.device, self.pos, self.full = capacity, device, 0, False
+    def __init__(self, capacity, obs_dim, act_dim, batch_size, device):
+        self.capacity = capacity
+        self.device = device
+        self.pos = 0
+        self.full = False
         self.split = [obs_dim, act_dim, 1, 1, obs_dim]
         self.data = torch.zeros(capacity, sum(self.split), device=device)
         self.batch = torch.zeros(batch_size, sum(self.split), device=device)
         self.priority = torch.zeros(capacity, device=device)
         self.max_priority = torch.ones((), device=device)
         self.idx = torch.zeros(batch_size, dtype=torch.int64, device=device)  # the last batch's rows
-        # --compile/--cudagraphs sample with the length as a device tensor: a graph cannot take a new host number
-        # each step. Without them sampling keeps a host length, and its random numbers (the golden runs).
-        self.length = torch.zeros((), dtype=torch.int64, device=device) if device_length else None
+        self.length = torch.zeros((), dtype=torch.int64, device=device)
         # On a GPU a float cumsum is not deterministic: with --torch-deterministic, sum integers instead.
         self.exact = torch.device(device).type == "cuda" and torch.are_deterministic_algorithms_enabled()
 
     def __len__(self):
         return self.capacity if self.full else self.pos
 
-    def add(self, obs, action, reward, terminated, next_obs, acting_obs=None):
-        """Store one row per env; `acting_obs`, the observation the policy acts on next, travels in the same
-        upload, and its device copy is returned (None without one: a dataset)."""
-        rows = np.concatenate([obs, action, reward[:, None], terminated[:, None], next_obs], 1)
-        n, width = rows.shape
-        acting_obs = np.zeros((0, obs.shape[1])) if acting_obs is None else acting_obs
-        # The acting observation first: at the start of the tensor, aligned in memory as a tensor of its own is, so
-        # the policy's matmul computes the same bits.
-        uploaded = upload(np.concatenate([acting_obs.ravel(), rows.ravel()]), self.device)
-        acting_obs, rows = uploaded[: acting_obs.size].view(acting_obs.shape), uploaded[acting_obs.size:].view(n, width)
-        first = min(n, self.capacity - self.pos)  # the rows before the ring wraps around
-        self.data[self.pos: self.pos + first] = rows[:first]
-        self.data[: n - first] = rows[first:]
-        self.priority[self.pos: self.pos + first] = self.max_priority
-        self.priority[: n - first] = self.max_priority
-        self.full = self.full or self.pos + n >= self.capacity
-        self.pos = (self.pos + n) % self.capacity
-        if self.length is not None:
-            self.length.fill_(len(self))
-        return acting_obs if len(acting_obs) else None
+    def add(self, obs, action, reward, terminated, next_obs):
+        """Store one row per env (or a whole dataset), at the current max priority."""
+        rows = upload(np.concatenate([obs, action, reward[:, None], terminated[:, None], next_obs], 1), self.device)
+        first = min(len(rows), self.capacity - self.pos)  # the rows before the ring wraps around
+        self.data[self.pos : self.pos + first] = rows[:first]
+        self.data[: len(rows) - first] = rows[first:]
+        self.priority[self.pos : self.pos + first] = self.max_priority
+        self.priority[: len(rows) - first] = self.max_priority
+        self.full = self.full or self.pos + len(rows) >= self.capacity
+        self.pos = (self.pos + len(rows)) % self.capacity
+        self.length.fill_(len(self))
 
     def sample(self):
         """obs, action, reward, terminated, next_obs; reward and terminated of shape (batch, 1)."""
-        # Over the filled rows, or (with a device length) the whole ring, whose unwritten rows have priority 0.
-        priority, last = (self.priority[: len(self)], len(self) - 1) if self.length is None else (self.priority,
-                                                                                                   self.length - 1)
+        # Over the whole ring, whose unwritten rows have priority 0: the length stays on the device.
         if self.exact:  # a sum of integers (priorities in units of 2**-20) is exact: the same on every GPU run
-            csum = torch.cumsum((priority.double() * 2**20).round().long(), 0)
+            csum = torch.cumsum((self.priority.double() * 2**20).round().long(), 0)
             value = (torch.rand(len(self.batch), dtype=torch.float64, device=self.device) * csum[-1]).long()
-            self.idx.copy_(torch.searchsorted(csum, value, right=True).clamp(max=last))
+            self.idx.copy_(torch.searchsorted(csum, value, right=True).clamp(max=self.length - 1))
         else:
-            csum = torch.cumsum(priority, 0)
+            csum = torch.cumsum(self.priority, 0)
             value = torch.rand(len(self.batch), device=self.device) * csum[-1]
-            self.idx.copy_(torch.searchsorted(csum, value).clamp(max=last))
+            self.idx.copy_(torch.searchsorted(csum, value).clamp(max=self.length - 1))
         self.batch.copy_(self.data[self.idx])
         return self.batch.split(self.split, dim=1)
 
@@ -308,10 +299,10 @@ class LAPReplayBuffer:
     def load_state_dict(self, state):
         self.data[: len(state["data"])] = state["data"].to(self.device)
         self.priority[: len(state["priority"])] = state["priority"].to(self.device)
-        self.pos, self.full = state["pos"], state["full"]
+        self.pos = state["pos"]
+        self.full = state["full"]
         self.max_priority.copy_(state["max_priority"])
-        if self.length is not None:
-            self.length.fill_(len(self))
+        self.length.fill_(len(self))
 
 
 def upload(array, device):
@@ -478,8 +469,7 @@ def main(args):
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True, capturable=args.cudagraphs)
     capacity = len(dataset["observations"]) if args.offline else args.buffer_size
     check_memory(LAPReplayBuffer(capacity, obs_dim, act_dim, args.batch_size, torch.device("meta")), device)
-    rb = LAPReplayBuffer(capacity, obs_dim, act_dim, args.batch_size, device,
-                         device_length=args.compile or args.cudagraphs)
+    rb = LAPReplayBuffer(capacity, obs_dim, act_dim, args.batch_size, device)
     # The updates (without and with the delayed actor step) as callables, compiled or CUDA graphs under the flags.
     update_steps = [accelerate(partial(update, rb, encoder, actor, qf, fixed_encoder, fixed_encoder_target,
                                        actor_target, qf_target, value_range, value_clip, encoder_optimizer,
@@ -539,8 +529,9 @@ def main(args):
                     allow_train = allow_train or global_step > args.learning_starts
                     episode_return[i], episode_length[i] = 0.0, 0
 
-                obs_on_device = rb.add(obs, action, reward, terminated, true_next_obs(next_obs, infos), next_obs)
+                rb.add(obs, action, reward, terminated, true_next_obs(next_obs, infos))
                 obs = next_obs
+                obs_on_device = upload(obs, device)
 
             for _ in range(num_new_updates):
                 if use_checkpoints:
