@@ -229,46 +229,38 @@ class ReplayBuffer:
     """Uniform replay in one preallocated float32 tensor on the training device.
 
     A row is [obs, action, reward, terminated, next_obs], written by slice from one asynchronous upload per vector
-    step. A batch is gathered into `self.batch`, which stays in one place in memory (as a CUDA graph needs). Actions
-    are stored as floats (exact for any action count below 2**24).
+    step. A batch is gathered into `self.batch`, which stays in one place in memory (as a CUDA graph needs); the
+    length is a device tensor too, so that sampling never reads a host number. Actions are stored as floats (exact
+    for any action count below 2**24).
     """
 
-    def __init__(self, capacity, obs_dim, act_dim, batch_size, device, device_length=False):
-        self.capacity, self.device, self.pos, self.full = capacity, device, 0, False
+    def __init__(self, capacity, obs_dim, act_dim, batch_size, device):
+        self.capacity = capacity
+        self.device = device
+        self.pos = 0
+        self.full = False
         self.split = [obs_dim, act_dim, 1, 1, obs_dim]
         self.data = torch.zeros(capacity, sum(self.split), device=device)
         self.batch = torch.zeros(batch_size, sum(self.split), device=device)
-        # --compile/--cudagraphs sample with the length as a device tensor: a graph cannot take a new host number
-        # each step. Without them sampling keeps a host length, and its random numbers (the golden runs).
-        self.length = torch.zeros((), dtype=torch.int64, device=device) if device_length else None
+        self.length = torch.zeros((), dtype=torch.int64, device=device)
 
     def __len__(self):
         return self.capacity if self.full else self.pos
 
-    def add(self, obs, action, reward, terminated, next_obs, acting_obs, done=None):
-        """Store one row per env; `acting_obs`, the observation the policy acts on next, travels in the same
-        upload, and its device copy is returned (`done`, the episodes' ends, only matters to FrameReplayBuffer)."""
+    def add(self, obs, action, reward, terminated, next_obs, done=None):
+        """Store one row per env (`done`, the episodes' ends, only matters to FrameReplayBuffer)."""
         rows = np.concatenate([obs, action[:, None], reward[:, None], terminated[:, None], next_obs], 1)
-        n, width = rows.shape
-        # The acting observation first: at the start of the tensor, aligned in memory as a tensor of its own is, so
-        # the policy's matmul computes the same bits.
-        uploaded = upload(np.concatenate([acting_obs.ravel(), rows.ravel()]), self.device)
-        acting_obs, rows = uploaded[: acting_obs.size].view(acting_obs.shape), uploaded[acting_obs.size:].view(n, width)
-        first = min(n, self.capacity - self.pos)  # the rows before the ring wraps around
-        self.data[self.pos: self.pos + first] = rows[:first]
-        self.data[: n - first] = rows[first:]
-        self.full = self.full or self.pos + n >= self.capacity
-        self.pos = (self.pos + n) % self.capacity
-        if self.length is not None:
-            self.length.fill_(len(self))
-        return acting_obs
+        rows = upload(rows, self.device)
+        first = min(len(rows), self.capacity - self.pos)  # the rows before the ring wraps around
+        self.data[self.pos : self.pos + first] = rows[:first]
+        self.data[: len(rows) - first] = rows[first:]
+        self.full = self.full or self.pos + len(rows) >= self.capacity
+        self.pos = (self.pos + len(rows)) % self.capacity
+        self.length.fill_(len(self))
 
     def sample(self):
         """obs, action, reward, terminated, next_obs of a uniform batch; reward and terminated of shape (batch, 1)."""
-        if self.length is None:
-            idx = torch.randint(0, len(self), (len(self.batch),), device=self.device)
-        else:
-            idx = torch.randint(0, 2**62, (len(self.batch),), device=self.device) % self.length
+        idx = torch.randint(0, 2**62, (len(self.batch),), device=self.device) % self.length
         self.batch.copy_(self.data[idx])
         return self.batch.split(self.split, dim=1)
 
@@ -277,9 +269,9 @@ class ReplayBuffer:
 
     def load_state_dict(self, state):
         self.data[: len(state["data"])] = state["data"].to(self.device)
-        self.pos, self.full = state["pos"], state["full"]
-        if self.length is not None:
-            self.length.fill_(len(self))
+        self.pos = state["pos"]
+        self.full = state["full"]
+        self.length.fill_(len(self))
 
 
 class FrameReplayBuffer:
@@ -305,9 +297,8 @@ class FrameReplayBuffer:
         self.pos = np.full(num_envs, -1)  # each env's row of its current observation
         self.new_episode = np.ones(num_envs, dtype=bool)
 
-    def add(self, obs, action, reward, terminated, next_obs, acting_obs, done):
-        """One vector step's transitions; returns `acting_obs`, the observation the policy acts on next, on the
-        device."""
+    def add(self, obs, action, reward, terminated, next_obs, done):
+        """Store one vector step's transitions."""
         f, envs = self.fields, np.arange(len(obs))
         pos = np.where(self.new_episode, (self.pos + 1) % self.rows, self.pos)  # a reset observation: a new row
         starts = self.new_episode
@@ -323,8 +314,8 @@ class FrameReplayBuffer:
         f["steps"][envs, nxt] = (f["steps"][envs, pos] + 1).clamp(max=self.stack - 1)
         for j in range(self.stack):
             f["valid"][envs, (nxt + j) % self.rows] = False
-        self.pos, self.new_episode = nxt, np.asarray(done, dtype=bool).copy()
-        return upload(acting_obs, self.device)
+        self.pos = nxt
+        self.new_episode = np.asarray(done, dtype=bool).copy()
 
     def frames(self, env, row):
         """The stacked observation whose newest frame is at `row`: (batch, stack, H, W)."""
@@ -471,8 +462,7 @@ def main(args):
         rb = FrameReplayBuffer(args.buffer_size, obs_shape, args.num_envs, args.batch_size, device, storage)
     else:  # replay_storage fails with one line when the buffer does not fit
         replay_storage(ReplayBuffer(args.buffer_size, obs_shape[0], 1, args.batch_size, torch.device("meta")), device)
-        rb = ReplayBuffer(args.buffer_size, obs_shape[0], 1, args.batch_size, device,
-                          device_length=args.compile or args.cudagraphs)
+        rb = ReplayBuffer(args.buffer_size, obs_shape[0], 1, args.batch_size, device)
     # The updates as callables without arguments, compiled or captured as CUDA graphs under the flags.
     update_step = accelerate(partial(update, rb, actor, qf, qf_target, q_optimizer, actor_optimizer, log_alpha,
                                      alpha_optimizer, target_entropy, args), args)
@@ -515,9 +505,10 @@ def main(args):
                 episode_return[i], episode_length[i] = 0.0, 0
 
             # Atari trains on rewards clipped to their sign (as CleanRL); returns are logged unclipped.
-            obs_on_device = rb.add(obs, action, np.sign(reward) if observations == "image" else reward, terminated,
-                                   true_next_obs(next_obs, infos), next_obs, terminated | truncated)
+            rb.add(obs, action, np.sign(reward) if observations == "image" else reward, terminated,
+                   true_next_obs(next_obs, infos), terminated | truncated)
             obs = next_obs
+            obs_on_device = upload(obs, device)
 
             if global_step > args.learning_starts and crossed(global_step, args.update_frequency, args.num_envs):
                 qf_loss, qf_values, actor_loss, alpha_loss, entropy = update_step()

@@ -178,7 +178,7 @@ def test_frame_buffer_rebuilds_every_stored_observation():
         terminated = done & (rng.uniform(size=2) < 0.5)
         next_stacks = [stacks[e][1:] + [frame(e, episode[e], t[e] + 1)] for e in range(2)]
         next_obs = np.stack([np.stack(s) for s in next_stacks])
-        rb.add(obs, action, reward, terminated.astype(np.float32), next_obs, next_obs, done)
+        rb.add(obs, action, reward, terminated.astype(np.float32), next_obs, done)
         added.append([(obs[e].tobytes(), int(action[e]), float(reward[e]), float(terminated[e]), next_obs[e].tobytes())
                       for e in range(2)])
         for e in range(2):
