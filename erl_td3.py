@@ -224,46 +224,37 @@ class ReplayBuffer:
 
     A row is [obs, action, reward, terminated, next_obs], written by slice from one asynchronous upload per vector
     step. Learner k's batch is gathered into `self.batch[k]`, which stays in one place in memory (as a CUDA graph
-    needs). Actions are stored normalised, in [-1, 1].
+    needs); the length is a device tensor too, so that sampling never reads a host number. Actions are stored
+    normalised.
     """
 
-    def __init__(self, capacity, obs_dim, act_dim, batch_size, learners, device, device_length=False):
-        self.capacity, self.device, self.pos, self.full = capacity, device, 0, False
+    def __init__(self, capacity, obs_dim, act_dim, batch_size, learners, device):
+        self.capacity = capacity
+        self.device = device
+        self.pos = 0
+        self.full = False
         self.split = [obs_dim, act_dim, 1, 1, obs_dim]
         self.data = torch.zeros(capacity, sum(self.split), device=device)
         self.batch = torch.zeros(learners, batch_size, sum(self.split), device=device)
-        # --compile/--cudagraphs sample with the length as a device tensor: a graph cannot take a new host number
-        # each step. Without them sampling keeps a host length, and its random numbers (the golden runs).
-        self.length = torch.zeros((), dtype=torch.int64, device=device) if device_length else None
+        self.length = torch.zeros((), dtype=torch.int64, device=device)
 
     def __len__(self):
         return self.capacity if self.full else self.pos
 
-    def add(self, obs, action, reward, terminated, next_obs, acting_obs):
-        """Store one row per env that acted; `acting_obs`, the observations the population acts on next, travel in
-        the same upload, and their device copy is returned."""
-        rows = np.concatenate([obs, action, reward[:, None], terminated[:, None], next_obs], 1)
-        n, width = rows.shape
-        # The acting observation first: at the start of the tensor, aligned in memory as a tensor of its own is, so
-        # the policy's matmul computes the same bits.
-        uploaded = upload(np.concatenate([acting_obs.ravel(), rows.ravel()]), self.device)
-        acting_obs, rows = uploaded[: acting_obs.size].view(acting_obs.shape), uploaded[acting_obs.size:].view(n, width)
-        first = min(n, self.capacity - self.pos)  # the rows before the ring wraps around
-        self.data[self.pos: self.pos + first] = rows[:first]
-        self.data[: n - first] = rows[first:]
-        self.full = self.full or self.pos + n >= self.capacity
-        self.pos = (self.pos + n) % self.capacity
-        if self.length is not None:
-            self.length.fill_(len(self))
-        return acting_obs
+    def add(self, obs, action, reward, terminated, next_obs):
+        """Store one row per env that acted."""
+        rows = upload(np.concatenate([obs, action, reward[:, None], terminated[:, None], next_obs], 1), self.device)
+        first = min(len(rows), self.capacity - self.pos)  # the rows before the ring wraps around
+        self.data[self.pos : self.pos + first] = rows[:first]
+        self.data[: len(rows) - first] = rows[first:]
+        self.full = self.full or self.pos + len(rows) >= self.capacity
+        self.pos = (self.pos + len(rows)) % self.capacity
+        self.length.fill_(len(self))
 
     def sample(self, k):
         """obs, action, reward, terminated, next_obs of a uniform batch for learner k; reward and terminated of shape
         (batch, 1)."""
-        if self.length is None:
-            idx = torch.randint(0, len(self), (self.batch.shape[1],), device=self.device)
-        else:
-            idx = torch.randint(0, 2**62, (self.batch.shape[1],), device=self.device) % self.length
+        idx = torch.randint(0, 2**62, (self.batch.shape[1],), device=self.device) % self.length
         self.batch[k].copy_(self.data[idx])
         return self.batch[k].split(self.split, dim=1)
 
@@ -272,9 +263,9 @@ class ReplayBuffer:
 
     def load_state_dict(self, state):
         self.data[: len(state["data"])] = state["data"].to(self.device)
-        self.pos, self.full = state["pos"], state["full"]
-        if self.length is not None:
-            self.length.fill_(len(self))
+        self.pos = state["pos"]
+        self.full = state["full"]
+        self.length.fill_(len(self))
 
 
 def upload(array, device):
@@ -393,9 +384,8 @@ def run_episodes(weights, biases, envs, episodes, noise, device, rb=None):
                 else:
                     active[i] = False
         if rb is not None:
-            obs_on_device = rb.add(stored_obs, action[index], reward, terminated, next_obs, obs)
-        else:
-            obs_on_device = upload(obs, device)
+            rb.add(stored_obs, action[index], reward, terminated, next_obs)
+        obs_on_device = upload(obs, device)
     return np.array([np.mean(r) for r in returns]), steps
 
 
@@ -534,8 +524,7 @@ def main(args):
                     for q in qfs]
     check_memory(ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.batch_size, args.num_rl_agents,
                               torch.device("meta")), device)
-    rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.batch_size, args.num_rl_agents, device,
-                      device_length=args.compile or args.cudagraphs)
+    rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.batch_size, args.num_rl_agents, device)
     # Each critic's learners: K (actor, critic) pairs, or K actors and one shared critic. Each critic's two updates
     # as callables without arguments, compiled or captured as CUDA graphs under the flags.
     critic_learners = [list(range(args.num_rl_agents))] if args.shared_critic else [[k] for k in range(len(qfs))]
