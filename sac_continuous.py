@@ -375,26 +375,13 @@ def main(args):
                                      target_entropy, args), args)
     target_step = accelerate(partial(soft_update, qf_target, qf, args.tau), args)
     # Everything a checkpoint holds besides the loop's counters and the envs: --resume restores exactly these.
-    state = {
-        "actor": actor,
-        "qf": qf,
-        "qf_target": qf_target,
-        "log_alpha": log_alpha,
-        "actor_optimizer": actor_optimizer,
-        "q_optimizer": q_optimizer,
-        "alpha_optimizer": alpha_optimizer,
-        "rb": rb,
-        "rng": rng,
-    }
+    state = {"actor": actor, "qf": qf, "qf_target": qf_target, "log_alpha": log_alpha,
+             "actor_optimizer": actor_optimizer, "q_optimizer": q_optimizer, "alpha_optimizer": alpha_optimizer,
+             "rb": rb, "rng": rng}
 
     obs, _ = envs.reset(seed=args.seed)
-    start = {
-        "global_step": 0,
-        "num_updates": 0,
-        "obs": obs,
-        "episode_return": np.zeros(args.num_envs),
-        "episode_length": np.zeros(args.num_envs, dtype=np.int64),
-    }
+    start = {"global_step": 0, "num_updates": 0, "obs": obs, "episode_return": np.zeros(args.num_envs),
+             "episode_length": np.zeros(args.num_envs, dtype=np.int64)}
     if checkpoint:
         start = restore(checkpoint, state, envs.envs, start)
     global_step, num_updates, obs, episode_return, episode_length = start.values()

@@ -309,25 +309,12 @@ def main(args):
     critic_step = accelerate(partial(update_critic, rb, actor_target, qf, qf_target, q_optimizer, args), args)
     actor_step = accelerate(partial(update_actor, rb, actor, qf, actor_target, qf_target, actor_optimizer, args), args)
     # Everything a checkpoint holds besides the loop's counters and the envs: --resume restores exactly these.
-    state = {
-        "actor": actor,
-        "qf": qf,
-        "actor_target": actor_target,
-        "qf_target": qf_target,
-        "actor_optimizer": actor_optimizer,
-        "q_optimizer": q_optimizer,
-        "rb": rb,
-        "rng": rng,
-    }
+    state = {"actor": actor, "qf": qf, "actor_target": actor_target, "qf_target": qf_target,
+             "actor_optimizer": actor_optimizer, "q_optimizer": q_optimizer, "rb": rb, "rng": rng}
 
     obs, _ = envs.reset(seed=args.seed)
-    start = {
-        "global_step": 0,
-        "num_updates": 0,
-        "obs": obs,
-        "episode_return": np.zeros(args.num_envs),
-        "episode_length": np.zeros(args.num_envs, dtype=np.int64),
-    }
+    start = {"global_step": 0, "num_updates": 0, "obs": obs, "episode_return": np.zeros(args.num_envs),
+             "episode_length": np.zeros(args.num_envs, dtype=np.int64)}
     if checkpoint:
         start = restore(checkpoint, state, envs.envs, start)
     global_step, num_updates, obs, episode_return, episode_length = start.values()
