@@ -646,8 +646,8 @@ def check_args(args):
 
 
 def check_env(args):
-    """Fail with one line unless --env-id names an env this script can learn: discrete actions numbered from 0,
-    vector or image (Atari) observations; with --capture-video, one that renders and can be recorded."""
+    """Fail with one line unless --env-id names an env this script can learn (its spaces as the checks below say)
+    and, with --capture-video, one that renders and can be recorded."""
     # Nothing renders without --capture-video: no render backend (MUJOCO_GL) may stop the run.
     os.environ["MUJOCO_GL"] = os.environ.get("MUJOCO_GL", "egl") if args.capture_video else "disable"
     try:
@@ -707,7 +707,7 @@ def restore(checkpoint, state, envs, start):
         for name, value in state.items():
             if isinstance(value, np.random.Generator):
                 value.bit_generator.state = checkpoint["state"][name]
-            elif isinstance(value, torch.Tensor):  # a learnt scalar: log_alpha
+            elif isinstance(value, torch.Tensor):  # a learnt or kept tensor (SAC's log_alpha)
                 value.data.copy_(checkpoint["state"][name])
             else:
                 value.load_state_dict(checkpoint["state"][name])
@@ -759,7 +759,7 @@ def check_memory(device, args, networks, buffer):
     need = networks_need + buffer_need
     if need <= free[device.type]:
         return device
-    if device.type == "cuda" and isinstance(buffer, FrameReplayBuffer) and buffer_need <= free["cpu"]:
+    if device.type == "cuda" and isinstance(buffer, FrameReplayBuffer) and buffer_need <= free["cpu"]:  # pinned
         return torch.device("cpu")
     fail(f"the run needs {need / 2**30:.1f} GiB, more than the {free[device.type] / 2**30:.1f} GiB free on the "
          f"{device.type}; lower --buffer-size or --batch-size")
@@ -841,7 +841,7 @@ def set_env_state(env, state):
 
 
 def evaluate(policy, env_id, episodes, seed, device, video_folder=None, video_prefix="eval"):
-    """Returns of `episodes` full episodes of the deterministic `policy` (argmax), on a separate env."""
+    """Returns of `episodes` full episodes of the deterministic `policy`, on a separate env."""
     env = make_env(env_id, render_mode="rgb_array" if video_folder else None, evaluation=True)()
     if env.spec.max_episode_steps is None:
         env = gym.wrappers.TimeLimit(env, EVAL_STEP_LIMIT)

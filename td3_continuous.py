@@ -445,8 +445,8 @@ def check_args(args):
 
 
 def check_env(args):
-    """Fail with one line unless --env-id names an env this script can learn: vector observations, a bounded Box of
-    actions of one dimension; with --capture-video, one that renders and can be recorded."""
+    """Fail with one line unless --env-id names an env this script can learn (its spaces as the checks below say)
+    and, with --capture-video, one that renders and can be recorded."""
     # Nothing renders without --capture-video: no render backend (MUJOCO_GL) may stop the run.
     os.environ["MUJOCO_GL"] = os.environ.get("MUJOCO_GL", "egl") if args.capture_video else "disable"
     try:
@@ -503,6 +503,8 @@ def restore(checkpoint, state, envs, start):
         for name, value in state.items():
             if isinstance(value, np.random.Generator):
                 value.bit_generator.state = checkpoint["state"][name]
+            elif isinstance(value, torch.Tensor):  # a learnt or kept tensor (SAC's log_alpha)
+                value.data.copy_(checkpoint["state"][name])
             else:
                 value.load_state_dict(checkpoint["state"][name])
         loop = {name: checkpoint["loop"][name] for name in start}
@@ -536,24 +538,31 @@ def choose_device(args):
 
 
 def check_memory(device, args, networks, buffer):
-    """Fail with one line unless the run fits in the memory free on `device` (the GPU's, or the host's within a
-    cgroup's limit): the `networks` (built here on the meta device: shapes, no memory) with gradients and Adam's
-    moments, one update's activations (about four floats per unit of each layer and sample), and the replay `buffer`
-    (built on the meta device)."""
+    """Where the replay `buffer` (built on the meta device: shapes, no memory) can live: the training device when the
+    run fits in its free memory (the GPU's, or the host's within a cgroup's limit) with the `networks` (built here on
+    the meta device) with gradients and Adam's moments and one update's activations (about four floats per unit of
+    each layer and sample); otherwise fail with one line."""
     with torch.device("meta"):
         named = [p for net in networks() for p in net.named_parameters()]
-    need = 16 * sum(p.numel() * (args.batch_size if "bias" in name else 1) for name, p in named)
-    need += sum(t.numel() * t.element_size() for t in vars(buffer).values() if isinstance(t, torch.Tensor))
+    networks_need = 16 * sum(p.numel() * (args.batch_size if "bias" in name else 1) for name, p in named)
+    buffer_need = sum(t.numel() * t.element_size() for t in tensors(buffer))
+    free = {"cpu": int(open("/proc/meminfo").read().split("MemAvailable:")[1].split()[0]) * 1024}
+    with contextlib.suppress(OSError, ValueError):
+        limit = open("/sys/fs/cgroup/memory.max").read()
+        free["cpu"] = min(free["cpu"], int(limit) - int(open("/sys/fs/cgroup/memory.current").read()))
     if device.type == "cuda":
-        free = torch.cuda.mem_get_info(device)[0]
-    else:
-        free = int(open("/proc/meminfo").read().split("MemAvailable:")[1].split()[0]) * 1024
-        with contextlib.suppress(OSError, ValueError):
-            limit = open("/sys/fs/cgroup/memory.max").read()
-            free = min(free, int(limit) - int(open("/sys/fs/cgroup/memory.current").read()))
-    if need > free:
-        fail(f"the run needs {need / 2**30:.1f} GiB, more than the {free / 2**30:.1f} GiB free on the {device.type};"
-             " lower --buffer-size or --batch-size")
+        free["cuda"] = torch.cuda.mem_get_info(device)[0]
+    need = networks_need + buffer_need
+    if need <= free[device.type]:
+        return device
+    fail(f"the run needs {need / 2**30:.1f} GiB, more than the {free[device.type] / 2**30:.1f} GiB free on the "
+         f"{device.type}; lower --buffer-size or --batch-size")
+
+
+def tensors(buffer):
+    """A replay buffer's tensors, held directly or in a dict."""
+    values = [v for value in vars(buffer).values() for v in (value.values() if isinstance(value, dict) else [value])]
+    return [v for v in values if isinstance(v, torch.Tensor)]
 
 
 def accelerate(step, args):
@@ -626,7 +635,7 @@ def set_env_state(env, state):
 
 
 def evaluate(policy, env_id, episodes, seed, device, video_folder=None, video_prefix="eval"):
-    """Returns of `episodes` full episodes of the deterministic `policy` (no noise), on a separate env."""
+    """Returns of `episodes` full episodes of the deterministic `policy`, on a separate env."""
     env = gym.make(env_id, render_mode="rgb_array" if video_folder else None)
     if env.spec.max_episode_steps is None:
         env = gym.wrappers.TimeLimit(env, EVAL_STEP_LIMIT)
@@ -845,7 +854,8 @@ class Run:
             "args": asdict(self.args),
             "loop": loop,
             "run": {**run, "evaluation_due": self.evaluation_due},
-            "state": {k: v.bit_generator.state if isinstance(v, np.random.Generator) else v.state_dict()
+            "state": {k: v.bit_generator.state if isinstance(v, np.random.Generator)
+                      else v.detach().cpu() if isinstance(v, torch.Tensor) else v.state_dict()
                       for k, v in state.items()},
             "envs": [env_state(env) for env in envs],
             "rng": rng,
