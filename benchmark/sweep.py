@@ -7,8 +7,11 @@
 
 --envs takes env ids or the names of sets (mujoco, classic, atari); without it, a script runs on its own set
 (classic for sac_discrete.py, mujoco for the others), with seeds 1 2 3 unless --seeds says otherwise. Each run
-gets --env-id, --seed and --torch-threads (the CPUs this process may use, shared among the workers; OMP and MKL
-threads likewise), plus the flags after `--`. A sweep owns its directory, --dir (default: sweeps/{exp_name}): its
+gets --env-id, --seed and --torch-threads (--threads, default 1: one thread per run does not slow down beside
+other work; OMP and MKL threads likewise), plus the flags after `--`, which go to every run. --workers runs go at
+once (default: the CPUs this process may use, divided by --threads). Ctrl-C or SIGTERM stops the sweep: every
+running run gets the signal and writes its checkpoint, nothing new starts, and a restarted sweep resumes them. One
+sweep at a time works in a directory (a lock). A sweep owns its directory, --dir (default: sweeps/{exp_name}): its
 runs go to {dir}/runs/ and their logs to {dir}/logs/{exp_name}__{env}__{seed}.log, so that ad-hoc runs in ./runs
 and other sweeps never mix with it. A run is skipped when the sweep's runs/ already holds its finished result (an
 evaluations.csv whose last row reached the run's total_timesteps), and an unfinished run that left a checkpoint.pt
@@ -20,13 +23,18 @@ before the time limit, which makes the scripts write a checkpoint; with --requeu
 and resumes. --wait blocks until the whole array has finished.
 """
 import argparse
+import contextlib
 import csv
+import fcntl
 import json
 import os
+import re
 import shlex
+import shutil
+import signal
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,7 +46,11 @@ ENV_SETS = {
 
 
 def run_dirs(runs_dir, env_id, exp_name, seed):
-    return sorted(Path(runs_dir).glob(f"{env_id.replace('/', '-').replace(':', '-')}__{exp_name}__{seed}__*"))
+    """The run directories of (env_id, exp_name, seed), matched literally: {env}__{exp_name}__{seed}__{time}[-N]."""
+    prefix = f"{env_id.replace('/', '-').replace(':', '-')}__{exp_name}__{seed}__"
+    runs_dir = Path(runs_dir)
+    names = os.listdir(runs_dir) if runs_dir.is_dir() else []
+    return sorted(runs_dir / n for n in names if n.startswith(prefix) and re.fullmatch(r"\d+(-\d+)?", n[len(prefix):]))
 
 
 def finished(run):
@@ -65,20 +77,53 @@ def exp_name_of(script, flags):
     return flags[flags.index("--exp-name") + 1] if "--exp-name" in flags else Path(script).stem
 
 
-def run_one(script, env_id, seed, flags, threads, directory, logs, checkpoint=None):
-    """One run, in the sweep's directory (so into its runs/), its output into the sweep's log of that run."""
+def start_run(script, env_id, seed, flags, threads, directory, logs, checkpoint=None):
+    """Start one run in the sweep's directory (so into its runs/), its output into the sweep's log of that run, in a
+    session of its own: a signal reaches it only when the sweep passes it on."""
     log = Path(logs) / f"{exp_name_of(script, flags)}__{env_id.replace('/', '-')}__{seed}.log"
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     cmd = [sys.executable, str(REPO / script), "--env-id", env_id, "--seed", str(seed), "--torch-threads", str(threads),
            *flags, *(["--resume", str(Path(checkpoint).resolve())] if checkpoint else [])]
     with open(log, "a" if checkpoint else "w") as out:
-        return subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=directory).returncode, log
+        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=directory,
+                                   start_new_session=True)
+    return process, log
+
+
+def last_line(log):
+    """The last line a run wrote to its log (its progress line), or ''."""
+    with contextlib.suppress(OSError):
+        with open(log, "rb") as f:
+            f.seek(max(0, os.path.getsize(log) - 4096))
+            lines = f.read().decode(errors="replace").replace("\r", "\n").split("\n")
+            return next((line.strip() for line in reversed(lines) if line.strip()), "")
+    return ""
+
+
+class Status:
+    """What the sweep shows: on a terminal one status line rewritten in place (done, running, failed, to go, and
+    each running run's last progress); in a log one line per change."""
+
+    def __init__(self, total):
+        self.total, self.tty, self.shown = total, sys.stdout.isatty(), None
+        self.columns = shutil.get_terminal_size().columns
+
+    def say(self, line):
+        print(("\r\033[K" if self.tty else "") + line, flush=True)
+        self.shown = None
+
+    def update(self, done, failed, running):
+        left = self.total - done - failed - len(running)
+        counts = f"{done} done, {len(running)} running, {failed} failed, {left} to go"
+        if self.tty:
+            runs = " | ".join(f"{e} {s}: {last_line(log)[:40]}" for (e, s), (_, log) in running.items())
+            print("\r\033[K" + f"{counts} | {runs}"[: self.columns - 1], end="", flush=True)
+        elif counts != self.shown:
+            print(counts, flush=True)
+            self.shown = counts
 
 
 def run_local(args, flags, runs):
-    cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", 0)) or (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-    threads = max(1, cpus // args.workers)
     exp_name = exp_name_of(args.script, flags)
     todo, skipped = [], 0
     for env_id, seed in runs:
@@ -87,20 +132,64 @@ def run_local(args, flags, runs):
             skipped += 1
         else:
             todo.append((env_id, seed, checkpoint))
-    print(f"{len(todo)} runs to do ({sum(c is not None for *_, c in todo)} resumed), {skipped} already finished; "
-          f"{args.workers} at a time, {threads} threads each", flush=True)
-    failed = []
-    with ThreadPoolExecutor(args.workers) as pool:
-        futures = {pool.submit(run_one, args.script, e, s, flags, threads, args.dir, args.logs, c): (e, s)
-                   for e, s, c in todo}
-        for future, (env_id, seed) in futures.items():
-            returncode, log = future.result()
-            print(f"{'done  ' if returncode == 0 else 'FAILED'} {env_id} seed {seed}" +
-                  ("" if returncode == 0 else f" (exit {returncode}, log {log})"), flush=True)
-            if returncode:
-                failed.append((env_id, seed))
+    status = Status(len(todo))
+    status.say(f"{len(todo)} runs to do ({sum(c is not None for *_, c in todo)} resumed), {skipped} already "
+               f"finished; {args.workers} at a time, {args.threads} torch thread{'s' if args.threads > 1 else ''} "
+               f"each; logs in {Path(args.logs).resolve()}")
+    if args.dry_run:
+        return
+    stop = []  # the signal that stops the sweep, once one arrives
+    handlers = {s: signal.signal(s, lambda signum, frame: stop.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    running, failed, done = {}, [], 0
+    try:
+        while (todo and not stop) or running:
+            while todo and not stop and len(running) < args.workers:
+                env_id, seed, checkpoint = todo.pop(0)
+                running[env_id, seed] = start_run(args.script, env_id, seed, flags, args.threads, args.dir, args.logs,
+                                                  checkpoint)
+            if stop and not any(getattr(p, "signalled", False) for p, _ in running.values()):
+                status.say(f"{signal.Signals(stop[0]).name}: passing it to the {len(running)} running runs, which "
+                           "write their checkpoints; nothing new starts")
+                for process, _ in running.values():
+                    process.send_signal(stop[0])
+                    process.signalled = True
+            for (env_id, seed), (process, log) in list(running.items()):
+                if process.poll() is None:
+                    continue
+                del running[env_id, seed]
+                if process.returncode == 0:
+                    done += 1
+                    status.say(f"done   {env_id} seed {seed}")
+                elif getattr(process, "signalled", False):
+                    status.say(f"stopped {env_id} seed {seed}: checkpoint written, resumed when the sweep runs again")
+                else:
+                    failed.append((env_id, seed))
+                    status.say(f"FAILED {env_id} seed {seed} (exit {process.returncode}, log {log})")
+            status.update(done, len(failed), running)
+            time.sleep(0.2)
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+    if status.tty:
+        print()
+    if stop:
+        print(f"sweep stopped by {signal.Signals(stop[0]).name}: {done} done, {len(failed) } failed, "
+              f"{len(todo)} not started; start it again to go on", file=sys.stderr)
+        sys.exit(128 + stop[0])
     if failed:
-        sys.exit(f"{len(failed)} of {len(todo)} runs failed: " + ", ".join(f"{e} seed {s}" for e, s in failed))
+        sys.exit(f"{len(failed)} of {len(failed) + done} runs failed: " + ", ".join(f"{e} seed {s}" for e, s in failed))
+
+
+def lock_sweep(directory):
+    """One sweep at a time in a directory: its lock is held until this process ends."""
+    fd = os.open(Path(directory) / "sweep.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        sys.exit(f"error: another sweep works in {directory}: {os.read(fd, 100).decode() or 'its process'}")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"process {os.getpid()}".encode(), 0)
+    return fd
 
 
 def slurm_job(args, flags, runs):
@@ -119,7 +208,7 @@ def slurm_job(args, flags, runs):
     lines += [f"ENVS=({' '.join(shlex.quote(e) for e, _ in runs)})", f"SEEDS=({' '.join(str(s) for _, s in runs)})",
               f"exec {shlex.quote(sys.executable)} {shlex.quote(str(Path(__file__).resolve()))} "
               f"{shlex.quote(args.script)} --envs \"${{ENVS[$SLURM_ARRAY_TASK_ID]}}\" "
-              f"--seeds \"${{SEEDS[$SLURM_ARRAY_TASK_ID]}}\" --workers 1 "
+              f"--seeds \"${{SEEDS[$SLURM_ARRAY_TASK_ID]}}\" --workers 1 --threads {args.cpus_per_task} --slurm-task "
               f"--dir {shlex.quote(str(Path(args.dir).resolve()))} --logs {shlex.quote(str(logs))} -- "
               + " ".join(shlex.quote(f) for f in flags)]
     return "\n".join(lines) + "\n"
@@ -131,6 +220,8 @@ def run_slurm(args, flags, runs):
     print(f"{len(todo)} runs to submit, {len(runs) - len(todo)} already finished", flush=True)
     if not todo:
         return
+    if shutil.which("sbatch") is None:
+        sys.exit("error: --slurm needs Slurm's sbatch on the PATH; without it, leave --slurm out to run here")
     job_file = Path(args.logs) / f"{exp_name}.sbatch"
     job_file.write_text(slurm_job(args, flags, todo))
     result = subprocess.run(["sbatch", "--parsable", *(["--wait"] if args.wait else []), str(job_file)],
@@ -148,14 +239,21 @@ def run_slurm(args, flags, runs):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s SCRIPT [options] [-- FLAGS FOR EVERY RUN]",
+        epilog="Flags after `--` go to every run, e.g.:\n  python benchmark/sweep.py td3_continuous.py "
+               "--envs Hopper-v4 --seeds 1 2 3 -- --total-timesteps 100000")
     parser.add_argument("script", help="e.g. td3_continuous.py")
     parser.add_argument("--envs", nargs="+", help=f"env ids, or sets: {', '.join(ENV_SETS)} (default: classic for "
                         "sac_discrete.py, mujoco for the others)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="default: 1 2 3")
-    parser.add_argument("--workers", type=int, default=1, help="local runs at a time")
+    parser.add_argument("--workers", type=int, help="local runs at a time (default: the CPUs this process may use, "
+                        "divided by --threads)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
     parser.add_argument("--dir", help="the sweep's directory, which holds its runs/ and logs/ (default: "
                         "sweeps/{exp_name}); runs outside it are never skipped, resumed or reported with it")
+    parser.add_argument("--dry-run", action="store_true", help="say what would run, and run nothing")
     parser.add_argument("--logs", help="the runs' logs and Slurm's output (default: {dir}/logs)")
     slurm = parser.add_argument_group("Slurm (with --slurm)")
     slurm.add_argument("--slurm", action="store_true", help="submit the runs as a Slurm job array")
@@ -168,12 +266,18 @@ def main(argv=None):
     slurm.add_argument("--signal-before", type=int, default=300, help="SIGTERM this many seconds before the limit")
     slurm.add_argument("--requeue", action="store_true", help="requeue pre-empted tasks (they resume)")
     slurm.add_argument("--wait", action="store_true", help="block until the array has finished; check the results")
+    slurm.add_argument("--slurm-task", action="store_true", help=argparse.SUPPRESS)  # set in the job array's tasks
     slurm.add_argument("--sbatch-arg", action="append", default=[], help="one more sbatch directive, e.g. --qos=long")
     argv = sys.argv[1:] if argv is None else argv
     flags = argv[argv.index("--") + 1:] if "--" in argv else []
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     if not (REPO / args.script).is_file():
         parser.error(f"no script {args.script} in {REPO}")
+    cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", 0)) or (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    if args.threads < 1:
+        parser.error("--threads must be positive")
+    args.workers = max(1, cpus // args.threads) if args.workers is None else args.workers
     if args.workers < 1:
         parser.error("--workers must be positive")
     names = args.envs or (["classic"] if Path(args.script).stem == "sac_discrete" else ["mujoco"])
@@ -182,8 +286,14 @@ def main(argv=None):
     args.dir = args.dir or str(Path("sweeps") / exp_name_of(args.script, flags))
     args.logs = args.logs or str(Path(args.dir) / "logs")
     for folder in (args.dir, args.logs):
-        Path(folder).mkdir(parents=True, exist_ok=True)
+        try:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            sys.exit(f"error: cannot use {folder} as a sweep directory: {e.strerror}")
+    lock = None if args.slurm_task else lock_sweep(args.dir)  # a Slurm task runs under its array's sweep
     (run_slurm if args.slurm else run_local)(args, flags, runs)
+    if lock is not None:
+        os.close(lock)
 
 
 if __name__ == "__main__":

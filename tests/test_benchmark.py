@@ -6,8 +6,10 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -52,6 +54,64 @@ def test_sweep_resumes_an_unfinished_run(tmp_path):
     log = (tmp_path / SWEEP / "logs/td3_continuous__tests.toy_envs:Counter-v0__1.log").read_text()
     assert f"resumed {run} at global_step 150" in log
     assert (run / "evaluations.csv").read_text().splitlines()[-1].startswith("300,")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_stopping_a_sweep(signum, tmp_path):
+    """Ctrl-C or SIGTERM to a sweep reaches every running run, which writes its checkpoint; nothing new starts, no
+    run is left behind, the sweep ends with one line and 128 + signal, and started again it resumes both runs. A
+    second sweep over the same directory meanwhile is refused."""
+    name = f"stopped{tmp_path.name}"  # in every run's command line: how to find a run left behind
+    flags = flags_with(FLAGS, total_timesteps=10**6, checkpoint_freq=0, eval_freq=0, exp_name=name)
+    options = ["--envs", "tests.toy_envs:Counter-v0", "--workers", "2", "--dir", "s", *flags]
+    proc = subprocess.Popen([sys.executable, str(REPO / "benchmark" / "sweep.py"), "td3_continuous.py", "--seeds", "1",
+                             "2", "3", *options], cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    logs = [tmp_path / f"s/logs/{name}__tests.toy_envs:Counter-v0__{seed}.log" for seed in (1, 2)]
+    deadline = time.time() + 120
+    while not all(log.exists() and "steps/s" in log.read_text() for log in logs) and time.time() < deadline:
+        time.sleep(0.2)
+    second = subprocess.run([sys.executable, str(REPO / "benchmark" / "sweep.py"), "td3_continuous.py", *options],
+                            cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=60)
+    assert second.returncode == 1
+    assert second.stderr.startswith(f"error: another sweep works in s: process {proc.pid}"), second.stderr
+    proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signum, stdout + stderr
+    assert "Traceback" not in stdout + stderr
+    assert stderr.strip().splitlines() == [f"sweep stopped by {signal.Signals(signum).name}: 0 done, 0 failed, 1 not "
+                                           "started; start it again to go on"]
+    runs = sorted((tmp_path / "s" / "runs").iterdir())
+    assert len(runs) == 2
+    assert all((run / "checkpoint.pt").exists() for run in runs)
+    assert subprocess.run(["pgrep", "-f", name], capture_output=True).returncode == 1, "a run outlived its sweep"
+    again = subprocess.run([sys.executable, str(REPO / "benchmark" / "sweep.py"), "td3_continuous.py", "--seeds", "1",
+                            "2", "3", "--dry-run", *options], cwd=tmp_path, env=cli_env(), capture_output=True,
+                           text=True, timeout=60)
+    assert "3 runs to do (2 resumed), 0 already finished" in again.stdout, again.stdout
+
+
+def test_sweep_matches_names_literally_and_refuses_what_it_cannot_use(tmp_path):
+    """An exp name holding glob characters finds its own runs and no other experiment's; a --dir that is a file, and
+    --slurm without sbatch, are one error line each."""
+    star = flags_with(FLAGS, exp_name="a*")
+    assert sweep(tmp_path, ["tests.toy_envs:Counter-v0"], "--dir", "s", flags=flags_with(FLAGS, exp_name="ab")
+                 ).returncode == 0
+    result = sweep(tmp_path, ["tests.toy_envs:Counter-v0"], "--dir", "s", "--dry-run", flags=star)
+    assert "2 runs to do (0 resumed), 0 already finished" in result.stdout, result.stdout
+    brackets = flags_with(FLAGS, exp_name="abl[1]")
+    assert sweep(tmp_path, ["tests.toy_envs:Counter-v0"], "--dir", "s", flags=brackets).returncode == 0
+    result = sweep(tmp_path, ["tests.toy_envs:Counter-v0"], "--dir", "s", "--dry-run", flags=brackets)
+    assert "0 runs to do (0 resumed), 2 already finished" in result.stdout, result.stdout
+    (tmp_path / "file").write_text("")
+    for options, expected in [(["--dir", "file"], "error: cannot use file as a sweep directory"),
+                              (["--slurm", "--dir", "t"], "error: --slurm needs Slurm's sbatch")]:
+        result = subprocess.run([sys.executable, str(REPO / "benchmark" / "sweep.py"), "td3_continuous.py", *options],
+                                cwd=tmp_path, env={**cli_env(), "PATH": os.path.dirname(sys.executable)},
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1
+        assert result.stderr.strip() == result.stderr.strip().splitlines()[0], result.stderr
+        assert result.stderr.startswith(expected), result.stderr
 
 
 def slurm_available():
