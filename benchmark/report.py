@@ -17,6 +17,7 @@ import argparse
 import csv
 import json
 import math
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -28,25 +29,65 @@ T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.
        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
 
 
+class Runs(defaultdict):
+    """{(algorithm, env_id): [(seed, steps array, mean returns array)]}, and `left_out`: the runs that could not be
+    read, each as (run directory, reason)."""
+
+    def __init__(self):
+        super().__init__(list)
+        self.left_out = []
+
+
+def read_run(run):
+    """(args, steps, returns) of one run directory, its rows sorted by step and each step once; raises ValueError
+    naming what cannot be read. Warns on stderr about rows it sorted or dropped."""
+    try:
+        args = json.loads((run / "args.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read args.json ({getattr(e, 'strerror', None) or e})") from None
+    missing = [name for name in ("exp_name", "env_id", "seed") if name not in args]
+    if missing:
+        raise ValueError(f"args.json has no {', '.join(missing)}")
+    with open(run / "evaluations.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    by_step = {}
+    for number, row in enumerate(rows, start=2):  # line 1 is the header
+        try:
+            step, value = int(row["global_step"]), float(row["mean_return"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"evaluations.csv line {number} is short or not a number: {list(row.values())}") from None
+        if not math.isfinite(value):
+            raise ValueError(f"evaluations.csv line {number} has the return {value}")
+        by_step[step] = value  # a step written twice (by two processes, or a resume): the last row counts
+    steps = sorted(by_step)
+    if len(steps) < len(rows):
+        warn(f"{run}: {len(rows) - len(steps)} duplicated evaluation rows dropped (the last of each step kept)")
+    if [int(row["global_step"]) for row in rows] != sorted(int(row["global_step"]) for row in rows):
+        warn(f"{run}: evaluation rows out of order, sorted by step")
+    return args, np.array(steps, dtype=np.int64), np.array([by_step[step] for step in steps])
+
+
+def warn(message):
+    print(f"warning: {message}", file=sys.stderr)
+
+
 def read_runs(*directories):
-    """{(algorithm, env_id): [(seed, steps array, mean returns array)]}, one entry per seed (the run that went
-    furthest), from each directory's runs/*/ (a sweep) or */ (a folder of runs) args.json and evaluations.csv."""
-    best = {}
+    """The runs (a Runs), one entry per seed (the run that went furthest), from each directory's runs/*/ (a sweep)
+    or */ (a folder of runs) args.json and evaluations.csv. A run that cannot be read is named in one warning line
+    and left out."""
+    best, runs = {}, Runs()
     for directory in directories:
         folder = Path(directory) / "runs" if (Path(directory) / "runs").is_dir() else Path(directory)
         for path in sorted(folder.glob("*/evaluations.csv")):
             try:
-                args = json.loads((path.parent / "args.json").read_text())
-                with open(path, newline="") as f:
-                    rows = list(csv.DictReader(f))
-                steps = np.array([int(r["global_step"]) for r in rows])
-                returns = np.array([float(r["mean_return"]) for r in rows])
-            except (OSError, ValueError, KeyError):
+                args, steps, returns = read_run(path.parent)
+            except (OSError, ValueError) as e:
+                warn(f"left out {path.parent}: {e}")
+                runs.left_out.append((path.parent, str(e)))
                 continue
             key = (args["exp_name"], args["env_id"], args["seed"])
             if len(steps) and (key not in best or steps[-1] > best[key][1][-1]):
                 best[key] = (args["seed"], steps, returns)
-    runs = defaultdict(list)
     for (algorithm, env_id, _), run in sorted(best.items(), key=lambda item: str(item[0])):
         runs[(algorithm, env_id)].append(run)
     return runs
@@ -180,7 +221,8 @@ def main(argv=None):
     parser.add_argument("directories", nargs="+", help="sweep directories (holding runs/) or folders of runs")
     parser.add_argument("--steps", nargs="+", type=int, default=[300_000, 1_000_000], help="the steps of the tables")
     parser.add_argument("--iqm", action="store_true", help="interquartile mean over seeds instead of the mean")
-    parser.add_argument("--out", default="benchmark/results", help="folder for report.md and the PNGs")
+    parser.add_argument("--out", default="report", help="folder for report.md and the PNGs (benchmark/results/... "
+                        "to add them to the project's results)")
     parser.add_argument("--no-plots", action="store_true", help="write the tables only")
     parser.add_argument("--seed-lines", action="store_true", help="draw each seed's curve as a thin line too")
     args = parser.parse_args(argv)
@@ -189,8 +231,10 @@ def main(argv=None):
         raise SystemExit(f"error: no runs with an evaluations.csv in {', '.join(args.directories)}")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     report = Path(args.out) / "report.md"
+    left_out = f"\n{len(runs.left_out)} runs could not be read and are left out (see the warnings).\n" if (
+        getattr(runs, "left_out", None)) else ""
     report.write_text(f"# Returns from {', '.join(args.directories)}\n\n" + table(runs, args.steps, args.iqm)
-                      + "\n" + seed_table(runs))
+                      + left_out + "\n" + seed_table(runs))
     print(f"wrote {report}")
     if args.no_plots:
         return

@@ -278,3 +278,40 @@ def test_report_without_matplotlib_writes_the_tables(tmp_path, monkeypatch, caps
     assert "| td3_continuous | Hopper-v4 | 5.0 |" in (tmp_path / "out" / "report.md").read_text()
     assert "plots skipped" in capsys.readouterr().out
     assert not list((tmp_path / "out").glob("*.png"))
+
+
+def test_report_sorts_drops_duplicates_and_names_what_it_leaves_out(tmp_path, monkeypatch, capsys):
+    """Rows out of order are sorted and a step written twice counts once (a warning names the run); a run with a
+    short row, a non-numeric return, no args.json or an args.json without exp_name is named in one warning and left
+    out, and report.md says how many were; by default the report goes to ./report, not into the checkout."""
+    runs = tmp_path / "runs"
+    write_run(runs, "td3_continuous", "Hopper-v4", 1, [(200, 20), (100, 10), (200, 20), (300, 30)])
+    for seed, broken in [(2, "short"), (3, "text"), (4, "no args"), (5, "no exp_name")]:
+        write_run(runs, "td3_continuous", "Hopper-v4", seed, [(100, 1), (200, 2)])
+        run = runs / f"Hopper-v4__td3_continuous__{seed}__0"
+        if broken == "short":
+            with open(run / "evaluations.csv", "a") as f:
+                f.write("300,0\n")
+        elif broken == "text":
+            with open(run / "evaluations.csv", "a") as f:
+                f.write("300,0,high,0,high\n")
+        elif broken == "no args":
+            (run / "args.json").unlink()
+        else:
+            (run / "args.json").write_text(json.dumps({"env_id": "Hopper-v4", "seed": seed}))
+    monkeypatch.chdir(tmp_path)
+    report.main([str(runs), "--steps", "300", "--no-plots"])
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 6, warnings
+    assert any("__1__0: 1 duplicated evaluation rows dropped" in w for w in warnings)
+    assert any("__1__0: evaluation rows out of order" in w for w in warnings)
+    for seed, reason in [(2, "short or not a number"), (3, "short or not a number"), (4, "cannot read args.json"),
+                         (5, "args.json has no exp_name")]:
+        assert any(f"left out {runs}/Hopper-v4__td3_continuous__{seed}__0: " in w and reason in w for w in warnings)
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "| td3_continuous | Hopper-v4 | 30.0 | - | 1 |" in text
+    assert "4 runs could not be read and are left out" in text
+    runs_read = report.read_runs(runs)
+    ((_, steps, returns),) = runs_read[("td3_continuous", "Hopper-v4")]
+    assert steps.tolist() == [100, 200, 300]
+    assert returns.tolist() == [10, 20, 30]
