@@ -27,8 +27,8 @@ Learner layouts: K (actor, critic) pairs (ERL, the default), or --shared-critic:
 with its own batch and target policy), as EvoRL does.
 Deliberate choices and differences:
 - global_step and --total-timesteps count every env step, population and learners alike. Runs end, evaluate and
-  checkpoint at generation boundaries (a run stops at the end of the generation that reaches the total);
-  SIGINT/SIGTERM are handled at the end of the current generation.
+  checkpoint at generation boundaries (a run stops at the end of the generation that reaches the total). A
+  SIGINT/SIGTERM/SIGHUP stops a generation's updates between two; its checkpoint keeps the updates still due.
 - No uniform random phase: before --learning-starts the untrained learners act with noise, the population explores.
 - Evaluation (deterministic): the champion (the unmutated copy of the best by the last fitness) in the common
   evaluations.csv columns; the first learner in extra ones. Networks, normalised actions and the TD3 update are
@@ -43,16 +43,20 @@ machinery, which changes nothing that is computed.
 import contextlib
 import csv
 import datetime
-import io
+import fcntl
+import importlib.util
 import itertools
 import json
 import os
 import random
+import shutil
 import signal
+import socket
 import sys
+import tempfile
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from functools import partial
 from typing import Literal, Optional
 
@@ -169,7 +173,13 @@ class Args:
 
 
 def make_env(env_id):
-    return lambda: gym.make(env_id)
+    """A training env; one without a time limit gets one of 1,000 steps (MuJoCo's): a fitness needs whole episodes."""
+
+    def thunk():
+        env = gym.make(env_id)
+        return env if env.spec.max_episode_steps else gym.wrappers.TimeLimit(env, 1000)
+
+    return thunk
 
 
 def to_env(action, low, high):
@@ -353,10 +363,11 @@ def population_forward(weights, biases, obs):
     return x[:, 0]
 
 
-def run_episodes(weights, biases, envs, episodes, noise, device, rb=None):
+def run_episodes(weights, biases, envs, episodes, noise, device, rb=None, run=None, global_step=0):
     """Run `episodes` full episodes in each of the P envs, env i acting with individual i (plus N(0, noise) when
-    noise > 0), all P actions from one batched forward pass per step. Transitions go into `rb`. Returns the mean
-    return per individual (an array of P) and the number of env steps taken."""
+    noise > 0), all P actions from one batched forward pass per step. Transitions go into `rb`, once `run` has
+    checked their rewards (global_step: the step before the first). Returns the mean return per individual (an array
+    of P) and the number of env steps taken."""
     low, high = envs[0].action_space.low, envs[0].action_space.high
     obs = np.stack([env.reset()[0] for env in envs])
     obs_on_device = upload(obs, device)
@@ -373,6 +384,8 @@ def run_episodes(weights, biases, envs, episodes, noise, device, rb=None):
         next_obs = np.stack([t[0] for t in transitions])  # the true next obs: these envs reset only below
         reward, terminated, truncated = (np.array([t[k] for t in transitions], dtype=np.float64) for k in (1, 2, 3))
         stored_obs, steps = obs[index], steps + len(index)
+        if run is not None:
+            run.check_finite(global_step + steps, reward=reward)
         obs[index] = next_obs
         episode_return[index] += reward
         for j, i in enumerate(index):
@@ -492,8 +505,8 @@ def inject(weights, biases, fitness, actors, spared):
 
 
 def main(args):
-    check_env(args.env_id)
     check_args(args)
+    check_env(args)
     checkpoint = read_checkpoint(args)
     device = choose_device(args)
 
@@ -503,27 +516,30 @@ def main(args):
     torch.backends.cudnn.deterministic = args.torch_deterministic
     rng = np.random.default_rng(args.seed)  # the genetic algorithm's draws
 
+    learner_envs = [make_env(args.env_id)() for _ in range(args.num_rl_agents)]
+    obs_dim, act_dim = learner_envs[0].observation_space.shape[0], learner_envs[0].action_space.shape[0]
+    num_critics = 1 if args.shared_critic else args.num_rl_agents
+    # What the run will hold (the population, the learners, their targets and replay), measured on the meta device
+    # before it is allocated, the population's envs included; each individual counts as a network with gradients.
+    check_memory(device, args, lambda: [Actor(obs_dim, act_dim)] * (args.pop_size + 2 * args.num_rl_agents)
+                 + [Critic(obs_dim, act_dim)] * (2 * num_critics),
+                 ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.batch_size, args.num_rl_agents, "meta"))
     # One env per individual and one per learner, each seeded once; after that their episodes follow their RNGs.
     envs = [make_env(args.env_id)() for _ in range(args.pop_size)]
-    learner_envs = [make_env(args.env_id)() for _ in range(args.num_rl_agents)]
     for i, env in enumerate(envs + learner_envs):
         env.reset(seed=args.seed + i)
-    obs_dim, act_dim = envs[0].observation_space.shape[0], envs[0].action_space.shape[0]
 
     weights, biases = stack_actors([Actor(obs_dim, act_dim).to(device) for _ in range(args.pop_size)])
     actors = [Actor(obs_dim, act_dim).to(device) for _ in range(args.num_rl_agents)]
     actor_targets = [Actor(obs_dim, act_dim).to(device) for _ in range(args.num_rl_agents)]
-    qfs = [Critic(obs_dim, act_dim).to(device) for _ in range(1 if args.shared_critic else args.num_rl_agents)]
+    qfs = [Critic(obs_dim, act_dim).to(device) for _ in range(num_critics)]
     qf_targets = [Critic(obs_dim, act_dim).to(device) for _ in qfs]
     for target, source in zip(actor_targets + qf_targets, actors + qfs):
         target.load_state_dict(source.state_dict())
     # fused: one kernel for all parameters, 2-3x faster than the default foreach Adam on CPU; same update rule
-    actor_optimizers = [torch.optim.Adam(a.parameters(), lr=args.learning_rate, fused=True, capturable=args.cudagraphs)
-                        for a in actors]
-    q_optimizers = [torch.optim.Adam(q.parameters(), lr=args.learning_rate, fused=True, capturable=args.cudagraphs)
-                    for q in qfs]
-    check_memory(ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.batch_size, args.num_rl_agents,
-                              torch.device("meta")), device)
+    adam = partial(torch.optim.Adam, lr=args.learning_rate, fused=True, capturable=args.cudagraphs)
+    actor_optimizers = [adam(a.parameters()) for a in actors]
+    q_optimizers = [adam(q.parameters()) for q in qfs]
     rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.batch_size, args.num_rl_agents, device)
     # Each critic's learners: K (actor, critic) pairs, or K actors and one shared critic. Each critic's two updates
     # as callables without arguments, compiled or captured as CUDA graphs under the flags.
@@ -537,61 +553,75 @@ def main(args):
         ("actor", actors), ("actor_target", actor_targets), ("actor_optimizer", actor_optimizers), ("qf", qfs),
         ("qf_target", qf_targets), ("q_optimizer", q_optimizers), ("population_weights", weights),
         ("population_biases", biases)] for k, value in enumerate(group)}}
-    run = Run(args, checkpoint, device)
 
-    global_step, num_updates, generation, fitness = 0, 0, 0, np.zeros(args.pop_size)
-    injected = []  # the slots of the learners' copies, until the next genetic step
-    fates = {"elite": 0, "selected": 0, "discarded": 0}
-    champion = 0  # the slot of the best individual's unmutated copy
+    # injected: the slots of the learners' copies until the next genetic step; champion: the slot of the best
+    # individual's unmutated copy. A signal stops a generation's updates between two, and its checkpoint keeps the
+    # updates still due with the generation's env steps and learner returns: the resumed run makes those updates and
+    # then the genetic step, as an uninterrupted run does (redoing the whole generation instead would need the replay
+    # and every RNG as they were before its episodes).
+    start = {"global_step": 0, "num_updates": 0, "generation": 0, "fitness": np.zeros(args.pop_size), "injected": [],
+             "fates": {"elite": 0, "selected": 0, "discarded": 0}, "champion": 0, "updates_due": 0,
+             "generation_steps": 0, "learner_returns": np.zeros(args.num_rl_agents)}
     if checkpoint:
-        (global_step, num_updates, generation, fitness, injected, fates, champion), _ = run.restore(
-            checkpoint, state, envs + learner_envs)
+        start = restore(checkpoint, state, envs + learner_envs, start)
+    (global_step, num_updates, generation, fitness, injected, fates, champion, updates_due, generation_steps,
+     learner_returns) = start.values()
     actor_losses = [torch.zeros(len(learners), device=device) for learners in critic_learners]
+    run = Run(args, checkpoint, device)
     try:
-        while global_step < args.total_timesteps:
-            generation_start = global_step
-            # 1. Fitness: every individual's episodes at once, without noise. 2. The learners' noisy episodes.
-            fitness, population_steps = run_episodes(weights, biases, envs, args.episodes_for_fitness, 0.0, device, rb)
-            learner_returns, learner_steps = run_episodes(*stack_actors(actors), learner_envs, 1,
-                                                          args.exploration_noise, device, rb)
-            global_step += population_steps + learner_steps
-            if not np.isfinite(fitness).all():
-                run.flush(global_step, cause=f"fitness in generation {generation}, at global_step {global_step}")
+        if run.evaluation_due:  # the checkpoint's evaluation, which a signal interrupted
+            run.evaluate(global_step, individual(weights, biases, champion), actors[0])
+        while global_step < args.total_timesteps or updates_due:
+            if not updates_due:  # (else the updates of a generation that a signal interrupted come first)
+                # 1. Fitness: every individual's episodes at once, without noise. 2. The learners' noisy episodes.
+                fitness, population_steps = run_episodes(weights, biases, envs, args.episodes_for_fitness, 0.0,
+                                                         device, rb, run, global_step)
+                learner_returns, learner_steps = run_episodes(*stack_actors(actors), learner_envs, 1,
+                                                              args.exploration_noise, device, rb, run,
+                                                              global_step + population_steps)
+                generation_steps = population_steps + learner_steps
+                global_step += generation_steps
+                if not np.isfinite(fitness).all():
+                    run.stop_on(f"non-finite fitness in generation {generation}, at global_step {global_step}")
+                updates_due = int(args.utd_ratio * generation_steps) if len(rb) >= args.learning_starts else 0
 
             # 3. TD3 updates, --utd-ratio per env step of this generation, for each critic and its learners.
-            if len(rb) >= args.learning_starts:
-                for _ in range(int(args.utd_ratio * (global_step - generation_start))):
-                    for q in range(len(critic_learners)):
-                        qf_loss, qf_values = critic_steps[q]()
-                        if num_updates % args.policy_frequency == 0:
-                            actor_losses[q] = actor_steps[q]()
-                        run.record(global_step, f"{num_updates + 1} of critic {q} in generation {generation}",
-                                   qf_loss=qf_loss, actor_loss=actor_losses[q].mean(), qf1_values=qf_values[0],
-                                   qf2_values=qf_values[1])
-                    num_updates += 1
-            run.flush(global_step)
+            while updates_due and not run.signal:
+                for q in range(len(critic_learners)):
+                    qf_loss, qf_values = critic_steps[q]()
+                    if num_updates % args.policy_frequency == 0:
+                        actor_losses[q] = actor_steps[q]()
+                    run.record(global_step, f"{num_updates + 1} of critic {q} in generation {generation}",
+                               qf_loss=qf_loss, actor_loss=actor_losses[q].mean(), qf1_values=qf_values[0],
+                               qf2_values=qf_values[1])
+                num_updates += 1
+                updates_due -= 1
 
-            # 4. The genetic step; the fate of the learners' copies injected last time.
-            genetic_step = next_generation if args.genetic_step == "erl" else next_generation_mutation_only
-            copies, elites, selected = genetic_step(weights, biases, fitness, args, rng)
-            for slot in injected:
-                fates["elite" if slot in elites else "selected" if slot in selected else "discarded"] += 1
-            champion, generation = int(copies[0]), generation + 1
-            # 5. Injection of the learners, once they have trained, over the worst but never over an elite's copy.
-            injected = (inject(weights, biases, fitness, actors, copies)
-                        if generation % args.rl_injection_interval == 0 and num_updates else [])
-            run.log_generation(global_step, generation, fitness, fates, learner_returns)
-            run.progress(global_step, num_updates)
-
-            done = global_step >= args.total_timesteps
-            if crossed(global_step, args.eval_freq, global_step - generation_start) or done:
-                run.evaluate(global_step, individual(weights, biases, champion), actors[0])
-            if (crossed(global_step, args.checkpoint_freq, global_step - generation_start)
-                    or (done and args.checkpoint_freq) or run.stop):
-                run.save_checkpoint(state, (global_step, num_updates, generation, fitness, injected, fates,
-                                            champion), envs + learner_envs, None)
+            if not updates_due:  # (else a signal stopped the updates: the checkpoint below keeps the generation)
+                # 4. The genetic step; the fate of the learners' copies injected last time.
+                genetic_step = next_generation if args.genetic_step == "erl" else next_generation_mutation_only
+                copies, elites, selected = genetic_step(weights, biases, fitness, args, rng)
+                for slot in injected:
+                    fates["elite" if slot in elites else "selected" if slot in selected else "discarded"] += 1
+                champion, generation = int(copies[0]), generation + 1
+                # 5. Injection of the learners, once they have trained, over the worst but never over an elite's copy.
+                injected = (inject(weights, biases, fitness, actors, copies)
+                            if generation % args.rl_injection_interval == 0 and num_updates else [])
+                run.log_generation(global_step, generation, fitness, fates, learner_returns)
+                run.progress(global_step, num_updates)
+                if crossed(global_step, args.eval_freq, generation_steps) or global_step >= args.total_timesteps:
+                    run.evaluate(global_step, individual(weights, biases, champion), actors[0])
+            done = global_step >= args.total_timesteps and not updates_due
+            due = crossed(global_step, args.checkpoint_freq, generation_steps) or done and args.checkpoint_freq
+            if due or run.signal:
+                run.save_checkpoint(state, envs + learner_envs, global_step=global_step, num_updates=num_updates,
+                                    generation=generation, fitness=fitness, injected=injected, fates=fates,
+                                    champion=champion, updates_due=updates_due, generation_steps=generation_steps,
+                                    learner_returns=learner_returns)
         if args.save_model:
-            run.save_model(weights, biases, fitness, actors, qfs)
+            run.save_model({"weights": [w.cpu() for w in weights], "biases": [b.cpu() for b in biases],
+                            "fitness": fitness}, **{f"actor_{k}": a for k, a in enumerate(actors)},
+                           **{f"qf_{k}": q for k, q in enumerate(qfs)})
     finally:
         for env in envs + learner_envs:
             env.close()
@@ -600,14 +630,20 @@ def main(args):
 
 
 # ======================================================================================================================
-# Part 2: the run machinery. Nothing below changes what is computed: it checks the input, owns the run's directory
-# (args.json, TensorBoard, evaluations.csv, checkpoints, the model), evaluates, stops on non-finite numbers and
-# turns SIGINT/SIGTERM into a checkpoint.
+# Part 2: the run machinery. Nothing below changes what is computed: it checks the input before anything is written,
+# owns the run's directory (one writer; every file written whole), evaluates, and ends a run on a non-finite number
+# or a signal, leaving a checkpoint that --resume continues.
 # ======================================================================================================================
 
-# Flags that may differ when resuming: they change how a run is watched, not what it computes.
-RESUMABLE_FLAGS = {"total_timesteps", "resume", "track", "wandb_project_name", "wandb_entity", "capture_video",
-                   "save_model", "eval_freq", "eval_episodes", "checkpoint_freq", "torch_threads", "cuda"}
+# Flags a resume may change: they change how a run is watched, not what it computes.
+WATCH_FLAGS = {"total_timesteps", "resume", "track", "wandb_project_name", "wandb_entity", "capture_video"}
+WATCH_FLAGS |= {"save_model", "eval_freq", "eval_episodes", "checkpoint_freq", "log_freq", "torch_threads", "cuda"}
+EPISODE_VALUES = []  # ERL: no episode runs across a checkpoint (each generation resets the envs)
+EVAL_STEP_LIMIT = 10_000  # the longest evaluation episode of an env without a time limit (MuJoCo's is 1,000)
+
+
+class Stop(Exception):
+    """A signal during an evaluation, which changes no training state: the evaluation ends at once."""
 
 
 def fail(message):
@@ -619,100 +655,146 @@ def first_line(error):
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
-def parse_args(argv=None):
-    """tyro's parser, with its error box shortened to one line in tyro's words: the message (which names the flag)
-    and, for a misspelled flag, the one it resembles."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if "-h" in argv or "--help" in argv:
-        return tyro.cli(Args, args=argv)
-    message, columns = io.StringIO(), os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = "1000"  # tyro wraps its box at the terminal's width: one message, one row
-    try:
-        with contextlib.redirect_stderr(message):
-            return tyro.cli(Args, args=argv)
-    except SystemExit:
-        rows = [row.strip("│ ").strip() for row in message.getvalue().splitlines() if row.startswith("│")]
-        rows = [row for row in rows if row and not row.startswith(("─", "For full helptext"))]
-        meant = rows[rows.index("Perhaps you meant:") + 1:] if "Perhaps you meant:" in rows else []
-        hint = next((row for row in meant if row.startswith("--")), None)
-        print(f"error: {rows[0] if rows else 'cannot parse the command line'}"
-              + (f" (perhaps you meant {hint})" if hint else ""), file=sys.stderr)
-        sys.exit(2)
-    finally:
-        if columns is None:
-            del os.environ["COLUMNS"]
-        else:
-            os.environ["COLUMNS"] = columns
+def parse_args():
+    """The command line, in tyro's words; with --resume, the checkpoint's arguments are the defaults."""
+    args = tyro.cli(Args)
+    if not args.resume:
+        return args
+    saved = load_checkpoint(args.resume)["args"]
+    return tyro.cli(Args, default=Args(**{f.name: saved[f.name] for f in fields(Args) if f.name in saved}))
 
 
 def check_args(args):
-    """Every numeric flag finite and in its range, before anything is written."""
-    positive = ["total_timesteps", "buffer_size", "batch_size", "eval_episodes", "policy_frequency", "learning_rate",
-                "tau", "num_rl_agents", "pop_size", "num_elites", "tournament_size", "episodes_for_fitness",
-                "rl_injection_interval", "weight_max_magnitude"]
-    non_negative = ["learning_starts", "eval_freq", "checkpoint_freq", "torch_threads", "policy_noise", "noise_clip",
-                    "exploration_noise", "utd_ratio", "mutation_strength", "super_mutation_strength"]
-    unit_interval = ["gamma", "tau", "crossover_prob", "mutation_prob", "mutation_frac", "super_mutation_prob",
-                     "reset_prob"]
+    """Every flag in its range and every optional dependency in place, before anything is written."""
+    positive = ["total_timesteps", "num_envs", "buffer_size", "batch_size", "eval_episodes", "log_freq"]
+    positive += ["policy_frequency", "learning_rate", "tau"]
+    non_negative = ["learning_starts", "eval_freq", "checkpoint_freq", "torch_threads", "policy_noise"]
+    non_negative += ["noise_clip", "exploration_noise"]
+    positive += ["num_rl_agents", "pop_size", "num_elites", "tournament_size", "episodes_for_fitness"]  # ERL's too
+    positive += ["rl_injection_interval", "weight_max_magnitude"]
+    non_negative += ["utd_ratio", "mutation_strength", "super_mutation_strength"]
+    unit_interval = ["crossover_prob", "mutation_prob", "mutation_frac", "super_mutation_prob", "reset_prob"]
     for name, value in asdict(args).items():
-        flag = f"--{name.replace('_', '-')}"
+        flag = "--" + name.replace("_", "-")
         if isinstance(value, float) and not np.isfinite(value):
             fail(f"{flag} must be a finite number, got {value}")
         if name in positive and value <= 0 or name in non_negative and value < 0:
             fail(f"{flag} must be {'positive' if name in positive else 'non-negative'}, got {value}")
         if name in unit_interval and not 0 <= value <= 1:
             fail(f"{flag} must lie in [0, 1], got {value}")
-    if args.num_elites + args.num_rl_agents > args.pop_size:
-        fail(f"--num-elites {args.num_elites} plus --num-rl-agents {args.num_rl_agents} exceed --pop-size "
-             f"{args.pop_size}: injected actors would replace elites")
-    if args.batch_size > args.buffer_size:
-        fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
-    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
-        fail("--cudagraphs needs a GPU: " + ("--no-cuda is set" if not args.cuda else "none is available"))
-    if args.learning_starts >= min(args.total_timesteps, args.buffer_size + 1):
-        fail(f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps} and at "
-             f"most --buffer-size {args.buffer_size}: no update would ever happen")
+    wandb_key = os.environ.get("WANDB_API_KEY") or os.path.exists(os.path.expanduser("~/.netrc"))
+    problems = {
+        f"--gamma must lie in [0, 1], got {args.gamma}": not 0 <= args.gamma <= 1,
+        f"--tau must lie in [0, 1], got {args.tau}": args.tau > 1,
+        f"--seed must lie in [0, 2**31), got {args.seed}": not 0 <= args.seed < 2**31,
+        "--eval-episodes must be at most 1000": args.eval_episodes > 1000,
+        f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}": (
+            args.batch_size > args.buffer_size
+        ),
+        f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}: no update "
+        "would happen": args.learning_starts >= args.total_timesteps,
+        f"--learning-starts {args.learning_starts} (steps stored) is above --buffer-size {args.buffer_size}: no "
+        "update would happen": args.learning_starts > args.buffer_size,
+        f"--num-elites {args.num_elites} plus --num-rl-agents {args.num_rl_agents} exceed --pop-size {args.pop_size}: "
+        "injected actors would replace elites": args.num_elites + args.num_rl_agents > args.pop_size,
+        f"--exp-name {args.exp_name!r} must be a plain file name of 1-100 characters": not (
+            0 < len(args.exp_name) <= 100 and "/" not in args.exp_name and not args.exp_name.startswith(".")
+        ),
+        "--resume needs the path of a checkpoint.pt": args.resume == "",
+        "--cudagraphs needs a GPU: --no-cuda is set": args.cudagraphs and not args.cuda,
+        "--cudagraphs needs a GPU: none is available": args.cudagraphs and not torch.cuda.is_available(),
+        "--track needs wandb: pip install wandb": args.track and not importlib.util.find_spec("wandb"),
+        "--track needs a wandb key (wandb login, or WANDB_API_KEY) or WANDB_MODE=offline": (
+            args.track and not (wandb_key or os.environ.get("WANDB_MODE") in ("offline", "disabled"))
+        ),
+    }
+    for message, problem in problems.items():
+        if problem:
+            fail(message)
 
 
-def check_env(env_id):
-    """Fail with one line unless env_id names an env this script can learn: vector observations, bounded actions."""
+def check_env(args):
+    """Fail with one line unless --env-id names an env this script can learn (its spaces as the checks below say)
+    and, with --capture-video, one that renders and can be recorded."""
+    # Nothing renders without --capture-video: no render backend (MUJOCO_GL) may stop the run.
+    os.environ["MUJOCO_GL"] = os.environ.get("MUJOCO_GL", "egl") if args.capture_video else "disable"
     try:
-        env = gym.make(env_id)
+        env = gym.make(args.env_id, render_mode="rgb_array" if args.capture_video else None)
     except Exception as e:  # gymnasium raises many kinds: unknown id, missing extra, bad module path
-        fail(f"cannot make --env-id {env_id!r}: {first_line(e)}")
+        fail(f"cannot make --env-id {args.env_id!r}: {first_line(e)}")
     obs_space, act_space = env.observation_space, env.action_space
-    env.close()
     if not isinstance(act_space, gym.spaces.Box):
-        fail(f"{env_id} has a {type(act_space).__name__} action space; ERL-TD3 needs a continuous (Box) one, "
-             "see sac_discrete.py")
-    if not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
-        fail(f"{env_id} has unbounded actions; the tanh policy needs finite bounds")
+        fail(f"{args.env_id} has a {type(act_space).__name__} action space; TD3 needs a Box, see sac_discrete.py")
+    if len(act_space.shape) != 1 or not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
+        fail(f"{args.env_id} has actions {act_space}; TD3's tanh policy needs a bounded Box of one dimension")
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-        fail(f"{env_id} has {obs_space} observations; this script needs a flat vector (Box of one dimension)")
+        fail(f"{args.env_id} has {obs_space} observations; this script needs a flat vector (Box of one dimension)")
+    try:
+        if args.capture_video:
+            import moviepy  # noqa: F401 (RecordVideo writes with it)
+
+            env.reset(seed=0)
+            env.render()
+    except Exception as e:
+        fail(f"--capture-video cannot record {args.env_id}: {first_line(e)}")
+    env.close()
+
+
+def load_checkpoint(path):
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as e:
+        fail(f"cannot read --resume file {path}: {first_line(e)}")
+    if not isinstance(checkpoint, dict) or not {"args", "loop", "state", "run"} <= checkpoint.keys():
+        fail(f"--resume file {path} is not a checkpoint.pt of this script (model.pt holds only the networks)")
+    return checkpoint
 
 
 def read_checkpoint(args):
     """The --resume checkpoint (None without one), refused unless it was made with the same algorithm flags."""
     if not args.resume:
         return None
-    try:
-        checkpoint = torch.load(args.resume, map_location="cpu", weights_only=False)
-    except Exception as e:
-        fail(f"cannot read --resume file {args.resume}: {first_line(e)}")
-    if not isinstance(checkpoint, dict) or not {"args", "run_name", "global_step", "state"} <= checkpoint.keys():
-        fail(f"--resume file {args.resume} is not a checkpoint.pt of this script (model.pt holds only the networks)")
-    saved_args, step = checkpoint["args"], checkpoint["global_step"]
+    checkpoint = load_checkpoint(args.resume)
     for name, value in asdict(args).items():
-        if name not in RESUMABLE_FLAGS and saved_args.get(name) != value:
-            fail(f"--resume file {args.resume} was made with --{name.replace('_', '-')} {saved_args.get(name)}, "
-                 f"not {value}")
-    if args.total_timesteps <= step:
+        if name not in WATCH_FLAGS and checkpoint["args"].get(name) != value:
+            saved = checkpoint["args"].get(name)
+            fail(f"--resume file {args.resume} was made with --{name.replace('_', '-')} {saved}, not {value}")
+    step = checkpoint["loop"]["global_step"]
+    if args.total_timesteps <= step and not (checkpoint["run"]["evaluation_due"] or checkpoint["loop"]["updates_due"]):
         fail(f"--total-timesteps {args.total_timesteps} is not beyond the checkpoint's global_step {step}")
     return checkpoint
 
 
+def restore(checkpoint, state, envs, start):
+    """Load a checkpoint into `state`, the envs and the RNGs; returns the loop's values named in `start` as the
+    checkpoint holds them. A checkpoint that does not fit (an env whose spaces changed under its id) is refused."""
+    try:
+        for name, value in state.items():
+            if isinstance(value, np.random.Generator):
+                value.bit_generator.state = checkpoint["state"][name]
+            elif isinstance(value, torch.Tensor):  # a learnt or kept tensor (SAC's log_alpha)
+                value.data.copy_(checkpoint["state"][name])
+            else:
+                value.load_state_dict(checkpoint["state"][name])
+        loop = {name: checkpoint["loop"][name] for name in start}
+        if all("mujoco" in saved or "state" in saved for saved in checkpoint["envs"]):
+            for env, saved in zip(envs, checkpoint["envs"], strict=True):
+                set_env_state(env, saved)
+        else:  # an env whose state this script cannot read: new episodes, from the reset in `start`
+            print("warning: cannot restore the envs' state; the resumed run starts new episodes", file=sys.stderr)
+            loop.update({name: start[name] for name in EPISODE_VALUES})
+        random.setstate(checkpoint["rng"]["python"])
+        np.random.set_state(checkpoint["rng"]["numpy"])
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+        if checkpoint["rng"]["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state(checkpoint["rng"]["cuda"])
+        return loop
+    except (KeyError, RuntimeError, ValueError, TypeError) as e:
+        fail(f"the --resume checkpoint does not fit this run: {first_line(e)}")
+
+
 def choose_device(args):
-    """The training device (a warning line when --cuda finds no GPU); sets torch's CPU threads."""
+    """The training device (a warning line when --cuda finds no GPU), and torch's threads."""
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     if args.cuda and not torch.cuda.is_available():
@@ -722,6 +804,34 @@ def choose_device(args):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition, before its first use
         torch.use_deterministic_algorithms(True, warn_only=True)  # a warning names any op that has no such version
     return device
+
+
+def check_memory(device, args, networks, buffer):
+    """Where the replay `buffer` (built on the meta device: shapes, no memory) can live: the training device when the
+    run fits in its free memory (the GPU's, or the host's within a cgroup's limit) with the `networks` (built here on
+    the meta device) with gradients and Adam's moments and one update's activations (about four floats per unit of
+    each layer and sample); otherwise fail with one line."""
+    with torch.device("meta"):
+        named = [p for net in networks() for p in net.named_parameters()]
+    networks_need = 16 * sum(p.numel() * (args.batch_size if "bias" in name else 1) for name, p in named)
+    buffer_need = sum(t.numel() * t.element_size() for t in tensors(buffer))
+    free = {"cpu": int(open("/proc/meminfo").read().split("MemAvailable:")[1].split()[0]) * 1024}
+    with contextlib.suppress(OSError, ValueError):
+        limit = open("/sys/fs/cgroup/memory.max").read()
+        free["cpu"] = min(free["cpu"], int(limit) - int(open("/sys/fs/cgroup/memory.current").read()))
+    if device.type == "cuda":
+        free["cuda"] = torch.cuda.mem_get_info(device)[0]
+    need = networks_need + buffer_need
+    if need <= free[device.type]:
+        return device
+    fail(f"the run needs {need / 2**30:.1f} GiB, more than the {free[device.type] / 2**30:.1f} GiB free on the "
+         f"{device.type}; lower --buffer-size or --batch-size, or --pop-size")  # ERL: the population counts
+
+
+def tensors(buffer):
+    """A replay buffer's tensors, held directly or in a dict."""
+    values = [v for value in vars(buffer).values() for v in (value.values() if isinstance(value, dict) else [value])]
+    return [v for v in values if isinstance(v, torch.Tensor)]
 
 
 def accelerate(step, args):
@@ -734,11 +844,12 @@ def accelerate(step, args):
 class CudaGraph:
     """--cudagraphs: `step` runs eagerly for `warmup` calls on a side stream (optimizer state, compilation), is then
     captured once and replayed: one launch per update instead of one per kernel. It may only read and write tensors
-    that stay in place (in-place state, the buffer's `batch` and `length`), and it returns the same output tensors,
-    overwritten, at every replay."""
+    that stay in place, and it returns the same output tensors, overwritten, at every replay."""
 
     def __init__(self, step, warmup=3):
-        self.step, self.warmup, self.graph, self.outputs = step, warmup, None, None
+        self.step = step
+        self.warmup = warmup
+        self.graph = None
 
     def __call__(self):
         if self.warmup:
@@ -763,20 +874,42 @@ def crossed(step, freq, step_size):
 
 
 def env_state(env):
-    """Episodes start with the generations: an env's RNG is all it takes to continue it."""
-    return env.unwrapped.np_random.bit_generator.state
+    """What it takes to continue one env's episode bit for bit: its RNG, time-limit counter and physics."""
+    u = env.unwrapped
+    state = {"np_random": u.np_random.bit_generator.state}
+    with contextlib.suppress(AttributeError):  # an env without a time limit has no counter
+        state["elapsed_steps"] = env.get_wrapper_attr("_elapsed_steps")
+    if hasattr(u, "model") and hasattr(u, "data"):  # MuJoCo: the full integration state, warm-start included
+        import mujoco
+
+        state["mujoco"] = np.empty(mujoco.mj_stateSize(u.model, mujoco.mjtState.mjSTATE_INTEGRATION))
+        mujoco.mj_getState(u.model, u.data, state["mujoco"], mujoco.mjtState.mjSTATE_INTEGRATION)
+    elif hasattr(u, "state"):  # classic control
+        state["state"] = np.array(u.state)
+    return state
 
 
 def set_env_state(env, state):
-    env.unwrapped.np_random.bit_generator.state = state
+    u = env.unwrapped
+    u.np_random.bit_generator.state = state["np_random"]
+    if "elapsed_steps" in state:
+        env.set_wrapper_attr("_elapsed_steps", state["elapsed_steps"])
+    if "mujoco" in state:
+        import mujoco
+
+        mujoco.mj_setState(u.model, u.data, state["mujoco"], mujoco.mjtState.mjSTATE_INTEGRATION)
+        mujoco.mj_forward(u.model, u.data)
+    elif "state" in state:
+        u.state = state["state"]
+
 
 def evaluate(policy, env_id, episodes, seed, device, video_folder=None, video_prefix="eval"):
-    """Returns of `episodes` full episodes of the deterministic `policy` (no noise), on a separate env."""
+    """Returns of `episodes` full episodes of the deterministic `policy`, on a separate env."""
+    env = gym.make(env_id, render_mode="rgb_array" if video_folder else None)
+    if env.spec.max_episode_steps is None:
+        env = gym.wrappers.TimeLimit(env, EVAL_STEP_LIMIT)
     if video_folder:
-        env = gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), video_folder,
-                                       episode_trigger=lambda e: e == 0, name_prefix=video_prefix)
-    else:
-        env = gym.make(env_id)
+        env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda e: e == 0, name_prefix=video_prefix)
     low, high = env.action_space.low, env.action_space.high
     returns = []
     for episode in range(episodes):
@@ -793,129 +926,138 @@ def evaluate(policy, env_id, episodes, seed, device, video_folder=None, video_pr
     return returns
 
 
-def drop_evaluations_after(path, global_step):
-    """On resume, forget evaluations made after the checkpoint (the resumed run makes them again), rewriting the file
-    through a temp file; a malformed file is refused and left as it is. Returns the last evaluation kept, as the
-    progress line shows it."""
-    if not os.path.exists(path):
-        return "-"
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f))
+def write_atomically(path, write, mode="w"):
+    """Write `path` through a uniquely named temp file and a rename: a kill or a failed write (disk full, permission)
+    leaves the previous file whole, and a failed write ends the run with one line."""
+    directory, name = os.path.split(path)
+    temp = None
     try:
-        kept = rows[:1] + [row for row in rows[1:] if int(row[0]) <= global_step]
-        last = f"{float(kept[-1][2]):.1f} +- {float(kept[-1][3]):.1f}" if len(kept) > 1 else "-"
-    except (ValueError, IndexError):
-        fail(f"cannot resume: {path} has a malformed row; mend or remove it")
-    write_atomically(path, lambda f: csv.writer(f).writerows(kept))
-    return last
+        fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, mode) as f:
+            write(f)
+        os.replace(temp, path)
+    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError of its own words
+        with contextlib.suppress(OSError, TypeError):
+            os.remove(temp)
+        full = shutil.disk_usage(directory).free < 2**20
+        fail(f"cannot write {path}: {'no space left' if full else getattr(e, 'strerror', None) or first_line(e)}")
 
 
-def write_atomically(path, write):
-    """Write a text file through a temp file and a rename: a kill while writing leaves the old file whole."""
-    with open(path + ".tmp", "w", newline="") as f:
-        write(f)
-    os.replace(path + ".tmp", path)
-
-
-def claim_run_dir(name):
-    """Create runs/{name} exclusively, or runs/{name}-1, -2 ... when another run took it in the same second: a run
-    owns its directory. Returns the name taken and the directory."""
-    try:
-        os.makedirs("runs", exist_ok=True)
-    except OSError as e:
-        fail(f"cannot create the run directory in {os.path.abspath('runs')}: {e.strerror}")
+def claim_run_dir(args):
+    """The run's directory and its lock: runs/{run_name}, created exclusively (runs/{run_name}-1, -2 ... when another
+    run took it in the same second), or the --resume checkpoint's."""
+    if args.resume:
+        path = os.path.dirname(os.path.abspath(args.resume))
+        return path, lock(path)
+    name = f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     for i in itertools.count():
-        candidate = name if i == 0 else f"{name}-{i}"
+        path = os.path.abspath(os.path.join("runs", name if i == 0 else f"{name}-{i}"))
         try:
-            os.mkdir(os.path.join("runs", candidate))
-            return candidate, os.path.abspath(os.path.join("runs", candidate))
+            os.makedirs(path)
+            return path, lock(path)
         except FileExistsError:
             continue
+        except OSError as e:
+            fail(f"cannot create the run directory {path}: {e.strerror}")
 
 
-def check_memory(buffer, device):
-    """Fail with one line unless the replay `buffer`, built on the meta device (shapes and dtypes, no memory), fits
-    in the memory `device` has free: the GPU's, or the host's (MemAvailable, within a cgroup's limit)."""
-    tensors = [t for v in vars(buffer).values() for t in (v.values() if isinstance(v, dict) else [v])]
-    need = sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
-    if device.type == "cuda":
-        free = torch.cuda.mem_get_info(device)[0]
-    else:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")  # free pages, without reclaimable cache
-        with contextlib.suppress(OSError, IndexError):
-            free = int(open("/proc/meminfo").read().split("MemAvailable:")[1].split()[0]) * 1024
-        with contextlib.suppress(OSError, ValueError):
-            limit = open("/sys/fs/cgroup/memory.max").read().strip()
-            free = min(free, int(limit) - int(open("/sys/fs/cgroup/memory.current").read()))
-    if need > free:
-        fail(f"the replay buffer needs {need / 2**30:.1f} GiB, more than the {free / 2**30:.1f} GiB free on the "
-             f"{device.type}; lower --buffer-size")
+def lock(run_dir):
+    """Take the run directory's lock until its file descriptor (returned) is closed, and say who holds it: a second
+    process is refused with one line naming the first."""
+    try:
+        fd = os.open(os.path.join(run_dir, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fail(f"{run_dir} is in use by {os.read(fd, 100).decode() or 'another process'}")
+    except OSError as e:
+        fail(f"cannot lock the run directory {run_dir}: {e.strerror}")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}".encode(), 0)
+    return fd
 
 
 class Run:
-    """One run's directory and logs, its evaluations and checkpoints, SIGINT/SIGTERM and the non-finite guard."""
+    """One run as it goes: its directory, TensorBoard and the progress line, the guard against non-finite numbers,
+    evaluations, checkpoints and signals."""
 
     def __init__(self, args, checkpoint, device):
-        self.args, self.device, self.start_time, self.wall_time = args, device, time.time(), 0.0
-        self.eval_text = "-"  # the last evaluation, as the progress line shows it
-        if checkpoint:
-            self.name, self.dir = checkpoint["run_name"], os.path.dirname(os.path.abspath(args.resume))
-            self.eval_text = drop_evaluations_after(os.path.join(self.dir, "evaluations.csv"),
-                                                    checkpoint["global_step"])
-        else:
-            env_name = args.env_id.replace("/", "-").replace(":", "-")
-            self.name, self.dir = claim_run_dir(f"{env_name}__{args.exp_name}__{args.seed}__{int(time.time())}")
-        self.checkpoint_path = os.path.join(self.dir, "checkpoint.pt")
+        self.args = args
+        self.device = device
+        self.dir, self.lock = claim_run_dir(args)
+        self.name = os.path.basename(self.dir)
+        saved = checkpoint["run"] if checkpoint else {"wall_time": 0.0, "evaluations": [], "evaluation_due": False}
+        self.evaluations = saved["evaluations"]  # one row per evaluation, as evaluations.csv holds them
+        self.evaluation_due = saved["evaluation_due"]
+        self.start_time = time.time() - saved["wall_time"]
+        self.result = None
         write_atomically(os.path.join(self.dir, "args.json"), lambda f: json.dump(asdict(args), f, indent=2))
+        self.write_evaluations()  # on resume: the rows up to the checkpoint, dropping any made after it
         if args.track:
             import wandb
 
+            id = self.name[-64:].replace(".", "-")
             wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=asdict(args), name=self.name, id=self.name[-64:].replace(".", "-"), resume="allow",
-                       save_code=True, dir=self.dir)
-        if args.capture_video and "DISPLAY" not in os.environ:
-            os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering
-        self.writer = SummaryWriter(self.dir, purge_step=checkpoint["global_step"] if checkpoint else None)
-        self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
-            f"|{k}|{v}|" for k, v in asdict(args).items()))
+                       config=asdict(args), name=self.name, id=id, resume="allow", save_code=True, dir=self.dir)
+        loop = checkpoint["loop"] if checkpoint else {"global_step": 0, "num_updates": 0}
+        self.writer = SummaryWriter(self.dir, purge_step=loop["global_step"] if checkpoint else None)
+        table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
+        self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
         # Each update's metrics stay on the device until the next log, so that a non-finite one can be named with
         # its update and step without waiting for the device after every update.
-        self.names, self.history, self.updates, self.sps_start = None, [], [], None
-        self.tty, self.reported, self.pending = sys.stdout.isatty(), False, False
-        self.last_report = (time.time(), *(checkpoint["counters"][:2] if checkpoint else (0, 0)))  # time, step, updates
-        self.stop = []  # the signal that asks the run to stop, once one arrives
-        self.handlers = {s: signal.signal(s, lambda signum, frame: self.stop.append(signum))
-                         for s in (signal.SIGINT, signal.SIGTERM)}
+        self.metrics = []
+        self.metric_names = []
+        self.sps_start = None
+        self.tty = sys.stdout.isatty()
+        self.line_open = False  # a progress line on the terminal, which the next line replaces
+        self.last_report = (time.time(), loop["global_step"], loop["num_updates"], not checkpoint)
+        self.signal = None
+        self.evaluating = False
+        self.handlers = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         print(f"run {self.dir}: {args.env_id}, {args.total_timesteps} steps on {device}", flush=True)
+        if checkpoint:
+            print(f"resumed {self.dir} at global_step {loop['global_step']}", flush=True)
 
-    def sps(self, global_step):
-        """Env steps per second since the first update."""
-        start_step, start_time = self.sps_start or (global_step, time.time())
-        return (global_step - start_step) / max(time.time() - start_time, 1e-9)
+    def on_signal(self, signum, frame):
+        self.signal = signum
+        if self.evaluating:
+            raise Stop
 
     def progress(self, global_step, num_updates):
         """Env steps/s and updates/s since the last report, the last evaluation and the ETA: on a terminal a line
         rewritten every second, in a log (Slurm, a sweep) a line after 10 s and then every minute."""
-        now, (then, last_step, last_updates) = time.time(), self.last_report
-        if now - then < (1.0 if self.tty else 60.0 if self.reported else 10.0):
+        now = time.time()
+        then, last_step, last_updates, first = self.last_report
+        if now - then < (1.0 if self.tty else 10.0 if first else 60.0):
             return
-        sps, ups = (global_step - last_step) / (now - then), (num_updates - last_updates) / (now - then)
+        sps = (global_step - last_step) / (now - then)
+        ups = (num_updates - last_updates) / (now - then)
         left = max(self.args.total_timesteps - global_step, 0)
         eta = datetime.timedelta(seconds=int(left / sps)) if sps else "-"
-        line = (f"step {global_step}/{self.args.total_timesteps} ({1 - left / self.args.total_timesteps:.0%}) | "
-                f"{sps:.0f} steps/s | {ups:.0f} updates/s | last eval {self.eval_text} | ETA {eta}")
-        if self.tty:  # rewritten in place until a line of its own (self.say) follows
-            print("\r\033[K" + line, end="", flush=True)
-        else:
-            self.say(line)
-        self.last_report, self.reported, self.pending = (now, global_step, num_updates), True, self.tty
+        last = "{2:.1f} +- {3:.1f}".format(*self.evaluations[-1]) if self.evaluations else "-"
+        done = 1 - left / self.args.total_timesteps
+        line = f"step {global_step}/{self.args.total_timesteps} ({done:.0%}) | {sps:.0f} steps/s | {ups:.0f} updates/s"
+        self.say(f"{line} | last eval {last} | ETA {eta}", end="" if self.tty else "\n")
+        self.line_open = self.tty  # rewritten in place until a line of its own follows
+        self.last_report = (now, global_step, num_updates, False)
 
-    def say(self, line):
+    def say(self, line, file=None, end="\n"):
         """Print a line of its own; on a terminal, in place of the progress line."""
-        print(("\r\033[K" if self.pending else "") + line, flush=True)
-        self.pending = False
+        print(("\r\033[K" if self.line_open else "") + line, file=file, end=end, flush=True)
+        self.line_open = False
 
-    def log_generation(self, global_step, generation, fitness, fates, learner_returns):
+    def log_episode(self, global_step, episode_return, episode_length):
+        self.writer.add_scalar("charts/episodic_return", episode_return, global_step)
+        self.writer.add_scalar("charts/episodic_length", episode_length, global_step)
+
+    def record(self, global_step, update, **metrics):
+        """Keep one update's metrics (scalar tensors, on the device); ERL checks and logs them at a generation's end."""
+        self.sps_start = self.sps_start or (global_step, time.time())
+        self.metric_names = list(metrics)
+        self.metrics.append((update, global_step, torch.stack(list(metrics.values()))))
+
+    def log_generation(self, global_step, generation, fitness, fates, learner_returns):  # ERL: at a generation's end
+        self.log_metrics(global_step)
         for statistic in ("max", "mean", "min"):
             self.writer.add_scalar(f"evolution/fitness_{statistic}", getattr(fitness, statistic)(), global_step)
         self.writer.add_scalar("evolution/generation", generation, global_step)
@@ -924,113 +1066,98 @@ class Run:
         for k, episode_return in enumerate(learner_returns):  # learner 0's under CleanRL's name
             self.writer.add_scalar("charts/episodic_return" + (f"_{k}" if k else ""), episode_return, global_step)
 
-    def record(self, global_step, update, **metrics):
-        """Keep one update's metrics (scalar tensors, on the device) until the generation's end: see flush."""
-        self.sps_start = self.sps_start or (global_step, time.time())
-        self.names = list(metrics)
-        self.history.append(torch.stack(list(metrics.values())))
-        self.updates.append((update, global_step))
-
-    def flush(self, global_step, cause=None):
-        """Stop on the first non-finite metric since the last log, or else on `cause`; log the metrics' means."""
-        values = torch.stack(self.history) if self.history else None
-        bad = [] if values is None else (~torch.isfinite(values)).nonzero().tolist()
+    def log_metrics(self, global_step):
+        """Stop on the first non-finite metric since the last log; log their means and the env steps/s."""
+        if not self.metrics:
+            return
+        values = torch.stack([m[2] for m in self.metrics])
+        bad = (~torch.isfinite(values)).nonzero().tolist()
         if bad:
-            (update, step), name = self.updates[bad[0][0]], self.names[bad[0][1]]
-            cause = f"{name} in update {update}, at global_step {step}"
-        if cause:
-            fail(f"non-finite {cause}; stopping. Last checkpoint: "
-                 f"{self.checkpoint_path if os.path.exists(self.checkpoint_path) else 'none'}")
-        if values is not None:
-            for name, value in zip(self.names, values.mean(0).tolist()):
-                self.writer.add_scalar(f"losses/{name}", value, global_step)
-            self.writer.add_scalar("charts/SPS", int(self.sps(global_step)), global_step)
-        self.history, self.updates = [], []
+            update, step, _ = self.metrics[bad[0][0]]
+            self.stop_on(f"non-finite {self.metric_names[bad[0][1]]} in update {update}, at global_step {step}")
+        for name, value in zip(self.metric_names, values.mean(0).tolist()):
+            self.writer.add_scalar(f"losses/{name}", value, global_step)
+        start_step, start_time = self.sps_start
+        sps = (global_step - start_step) / max(time.time() - start_time, 1e-9)
+        self.writer.add_scalar("charts/SPS", int(sps), global_step)
+        self.metrics = []
 
     def check_finite(self, global_step, **arrays):
-        """Stop if a host array (an action, an observation) is not finite, naming it, or any non-finite metric."""
+        """Stop if a host array (an action, a reward, an observation) is not finite, naming it, before it is used."""
         for name, array in arrays.items():
             if not np.isfinite(array).all():
-                self.flush(global_step, cause=f"{name} at global_step {global_step}")
+                self.stop_on(f"non-finite {name} at global_step {global_step}")
 
-    def evaluate(self, global_step, policy, learner):
-        """Evaluate the champion `policy`, and the first `learner` in extra columns, into evaluations.csv and
-        TensorBoard, and print a progress line."""
-        self.flush(global_step)
+    def stop_on(self, cause):
+        path = os.path.join(self.dir, "checkpoint.pt")
+        self.say(f"error: {cause}; stopping. Last checkpoint: {path if os.path.exists(path) else 'none'}", sys.stderr)
+        sys.exit(1)
+
+    def evaluate(self, global_step, policy, learner_policy):  # ERL: the champion; the first learner in own columns
+        """Evaluate `policy` into evaluations.csv and TensorBoard, and print a line. A signal ends it at once; the
+        checkpoint then says that it is still due."""
+        self.log_metrics(global_step)
         video_folder = os.path.join("videos", self.name) if self.args.capture_video else None
-        results = [evaluate(p, self.args.env_id, self.args.eval_episodes, self.args.seed + 100_000, self.device,
-                            folder, video_prefix=f"step-{global_step}") for p, folder in [(policy, video_folder),
-                                                                                          (learner, None)]]
-        (mean, std), (learner_mean, learner_std) = [(float(np.mean(r)), float(np.std(r))) for r in results]
+        self.evaluating = self.evaluation_due = True
+        try:
+            returns = evaluate(policy, self.args.env_id, self.args.eval_episodes, self.args.seed + 100_000,
+                               self.device, video_folder, video_prefix=f"step-{global_step}")
+            learner_returns = evaluate(learner_policy, self.args.env_id, self.args.eval_episodes,
+                                       self.args.seed + 100_000, self.device)  # ERL
+        except Stop:
+            return
+        finally:
+            self.evaluating = False
+        self.evaluation_due = False
+        mean, std = float(np.mean(returns)), float(np.std(returns))
         self.writer.add_scalar("eval/episodic_return", mean, global_step)
-        self.writer.add_scalar("eval/learner_episodic_return", learner_mean, global_step)
-        path = os.path.join(self.dir, "evaluations.csv")
-        new_file = not os.path.exists(path)
-        with open(path, "a", newline="") as f:
-            if new_file:
-                csv.writer(f).writerow(["global_step", "wall_time_s", "mean_return", "std_return", "returns",
-                                        "learner_mean_return", "learner_std_return"])
-            csv.writer(f).writerow([global_step, round(self.elapsed(), 1), mean, std,
-                                    " ".join(f"{r:.2f}" for r in results[0]), learner_mean, learner_std])
-        self.result = {"run_dir": self.dir, "global_step": global_step, "eval_mean": mean, "eval_std": std,
-                       "learner_eval_mean": learner_mean}
-        self.eval_text = f"{mean:.1f} +- {std:.1f} (learner {learner_mean:.1f})"
-        self.say(f"step {global_step}/{self.args.total_timesteps} | eval return {self.eval_text}")
+        learner = [float(np.mean(learner_returns)), float(np.std(learner_returns))]  # ERL
+        self.writer.add_scalar("eval/learner_episodic_return", learner[0], global_step)  # ERL
+        wall_time = round(time.time() - self.start_time, 1)
+        self.evaluations.append([global_step, wall_time, mean, std, " ".join(f"{r:.2f}" for r in returns), *learner])
+        self.write_evaluations()
+        self.result = {"run_dir": self.dir, "global_step": global_step, "eval_mean": mean, "eval_std": std}
+        self.result["learner_eval_mean"] = learner[0]  # ERL
+        self.say(f"step {global_step}/{self.args.total_timesteps} | eval return {mean:.1f} +- {std:.1f}")
 
-    def elapsed(self):
-        return self.wall_time + time.time() - self.start_time
+    def write_evaluations(self):
+        rows = [["global_step", "wall_time_s", "mean_return", "std_return", "returns"], *self.evaluations]
+        rows[0] += ["learner_mean_return", "learner_std_return"]  # ERL: the learner's columns
+        write_atomically(os.path.join(self.dir, "evaluations.csv"), lambda f: csv.writer(f).writerows(rows))
 
-    def save_checkpoint(self, state, counters, envs, episodes):
-        """Write everything needed to continue: `state`, the loop's counters (global_step first), the envs and their
-        episodes, every RNG. After a SIGINT/SIGTERM, exit once it is written."""
-        self.flush(counters[0])
-        checkpoint = {"args": asdict(self.args), "run_name": self.name, "global_step": counters[0],
-                      "wall_time": self.elapsed(), "counters": counters,
-                      "state": {name: value.bit_generator.state if isinstance(value, np.random.Generator)
-                                else value.cpu() if isinstance(value, torch.Tensor)
-                                else value.state_dict() for name, value in state.items()},
-                      "envs": [env_state(env) for env in envs], "episodes": episodes,
-                      "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
-                              "torch": torch.get_rng_state(),
-                              "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
-        torch.save(checkpoint, self.checkpoint_path + ".tmp")
-        os.replace(self.checkpoint_path + ".tmp", self.checkpoint_path)  # a kill while writing leaves the old one whole
-        if self.stop:
-            print(f"{signal.Signals(self.stop[0]).name} at global_step {counters[0]}: checkpoint written to "
-                  f"{self.checkpoint_path}; continue with --resume {self.checkpoint_path}", file=sys.stderr)
-            sys.exit(128 + self.stop[0])
+    def save_checkpoint(self, state, envs, **loop):
+        """Write everything needed to continue: `state`, the envs, every RNG, the run's evaluations and the loop's
+        values by name (global_step first). After a signal, the run ends here with exit status 128 + signal."""
+        self.log_metrics(loop["global_step"])
+        path = os.path.join(self.dir, "checkpoint.pt")
+        run = {"wall_time": time.time() - self.start_time, "evaluations": self.evaluations}
+        rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+        rng["cuda"] = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+        checkpoint = {
+            "args": asdict(self.args),
+            "loop": loop,
+            "run": {**run, "evaluation_due": self.evaluation_due},
+            "state": {k: v.bit_generator.state if isinstance(v, np.random.Generator)
+                      else v.detach().cpu() if isinstance(v, torch.Tensor) else v.state_dict()
+                      for k, v in state.items()},
+            "envs": [env_state(env) for env in envs],
+            "rng": rng,
+        }
+        write_atomically(path, partial(torch.save, checkpoint), mode="wb")
+        if self.signal:
+            self.say(f"{signal.Signals(self.signal).name} at global_step {loop['global_step']}: checkpoint written; "
+                     f"continue with --resume {path}", sys.stderr)
+            sys.exit(128 + self.signal)
 
-    def restore(self, checkpoint, state, envs):
-        """Load a checkpoint into `state`, the envs and the RNGs; returns the loop's counters and the envs' episodes
-        (None when the envs' state cannot be restored: the run then starts new episodes)."""
-        for name, value in state.items():
-            if isinstance(value, np.random.Generator):
-                value.bit_generator.state = checkpoint["state"][name]
-            elif isinstance(value, torch.Tensor):
-                value.copy_(checkpoint["state"][name])
-            else:
-                value.load_state_dict(checkpoint["state"][name])
-        for env, saved in zip(envs, checkpoint["envs"]):
-            set_env_state(env, saved)
-        random.setstate(checkpoint["rng"]["python"])
-        np.random.set_state(checkpoint["rng"]["numpy"])
-        torch.set_rng_state(checkpoint["rng"]["torch"])
-        if torch.cuda.is_available() and checkpoint["rng"]["cuda"] is not None:
-            torch.cuda.set_rng_state_all(checkpoint["rng"]["cuda"])
-        self.wall_time = checkpoint["wall_time"]
-        print(f"resumed {self.dir} at global_step {checkpoint['global_step']}", flush=True)
-        return checkpoint["counters"], checkpoint["episodes"]
-
-    def save_model(self, weights, biases, fitness, actors, qfs):
-        """Write the final population and learners, on the CPU, to model.pt."""
-        torch.save({"population": {"weights": [w.cpu() for w in weights], "biases": [b.cpu() for b in biases],
-                                   "fitness": fitness}, "args": asdict(self.args),
-                    **{name: [{k: v.cpu() for k, v in net.state_dict().items()} for net in nets]
-                       for name, nets in (("actors", actors), ("qfs", qfs))}},
-                   os.path.join(self.dir, "model.pt"))
+    def save_model(self, population, **networks):  # ERL: and the population (its tensors already on the CPU)
+        """Write the final networks, on the CPU, to model.pt."""
+        model = {name: {k: v.cpu() for k, v in net.state_dict().items()} for name, net in networks.items()}
+        model["population"] = population  # ERL
+        write_atomically(os.path.join(self.dir, "model.pt"), partial(torch.save, {**model, "args": asdict(self.args)}),
+                         mode="wb")
 
     def close(self):
-        if self.pending:  # end the progress line before any last message
+        if self.line_open:  # end the progress line before any last message
             print()
         for s, handler in self.handlers.items():
             signal.signal(s, handler)
@@ -1039,6 +1166,7 @@ class Run:
             import wandb
 
             wandb.finish()
+        os.close(self.lock)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,17 @@
 """Unit tests of ERL's genetic operators, injection and batched population evaluation."""
+import signal
+import subprocess
+import sys
+import time
+
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
 import erl_td3
-from tests.conftest import TINY, flags_with, load_checkpoint, run_cli, run_main
+from tests.conftest import REPO, TINY, cli_env, flags_with, load_checkpoint, run_cli, run_main
+from tests.test_common import assert_same
 
 ARGS = erl_td3.Args()
 
@@ -198,7 +204,7 @@ def test_shared_critic(tmp_path, monkeypatch):
     checkpoint = load_checkpoint(run["run_dir"])
     assert {"qf_0", "actor_0", "actor_1"} <= checkpoint["state"].keys()
     assert "qf_1" not in checkpoint["state"]
-    num_updates = checkpoint["counters"][1]
+    num_updates = checkpoint["loop"]["num_updates"]
     assert num_updates > 0
     critic_steps = {int(s["step"]) for s in checkpoint["state"]["q_optimizer_0"]["state"].values()}
     assert critic_steps == {num_updates}
@@ -210,10 +216,10 @@ def test_learners_are_injected_only_once_they_have_trained(tmp_path, monkeypatch
     flags = flags_with(TINY, env_id="Pendulum-v1", total_timesteps=3200, learning_starts=1400, buffer_size=4000,
                        pop_size=3, num_elites=1, eval_freq=0, checkpoint_freq=800)
     run = run_main("erl_td3", flags, tmp_path, monkeypatch)
-    _, num_updates, generation, _, injected, fates, _ = load_checkpoint(run["run_dir"])["counters"]
-    assert generation == 4
-    assert sum(fates.values()) == generation - 2
-    assert len(injected) == 1
+    loop = load_checkpoint(run["run_dir"])["loop"]
+    assert loop["generation"] == 4
+    assert sum(loop["fates"].values()) == loop["generation"] - 2
+    assert len(loop["injected"]) == 1
 
 
 @pytest.mark.parametrize("flags,message", [
@@ -225,3 +231,43 @@ def test_bad_evolution_flags(flags, message, tmp_path):
     assert result.returncode == 1
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_signal_during_a_generations_updates(tmp_path):
+    """Pendulum, a population of 3 and a learner: 800 steps a generation, none learnt from in the first (1000 must be
+    stored), 8 updates per step in the second. SIGTERM in the second's updates ends the run within seconds with a
+    checkpoint that keeps the updates still due; --resume makes them and finishes the run as an uninterrupted run does,
+    bit for bit."""
+    flags = flags_with(TINY, env_id="Pendulum-v1", total_timesteps=1600, learning_starts=1000, buffer_size=2000,
+                       pop_size=3, num_elites=1, utd_ratio=8, eval_freq=0, checkpoint_freq=800)
+    cwd = tmp_path / "signalled"
+    cwd.mkdir()
+    proc = subprocess.Popen([sys.executable, str(REPO / "erl_td3.py"), *flags], cwd=cwd, env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not list((cwd / "runs").glob("*/checkpoint.pt")) and time.time() < deadline:  # the first generation's end
+        time.sleep(0.05)
+    time.sleep(2.0)  # the second generation's episodes (800 steps) take a fraction of that; 6400 updates follow
+    sent = time.time()
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert time.time() - sent < 5
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("SIGTERM at global_step 1600: checkpoint written"), stderr
+    (run_dir,) = (cwd / "runs").iterdir()
+    loop = load_checkpoint(run_dir)["loop"]
+    assert 0 < loop["updates_due"] < 6400
+    assert loop["num_updates"] + loop["updates_due"] == 6400 and loop["generation"] == 1
+
+    result = run_cli("erl_td3", ["--resume", str(run_dir / "checkpoint.pt")], cwd)
+    assert result.returncode == 0, result.stderr
+    (tmp_path / "straight").mkdir()
+    straight = run_cli("erl_td3", flags, tmp_path / "straight")
+    assert straight.returncode == 0, straight.stderr
+    (straight_dir,) = (tmp_path / "straight" / "runs").iterdir()
+    a, b = load_checkpoint(straight_dir), load_checkpoint(run_dir)
+    for key in ("args", "run"):  # the flags given and the times differ by design
+        a.pop(key), b.pop(key)
+    assert_same(a, b)
+    assert b["loop"]["updates_due"] == 0 and b["loop"]["generation"] == 2
