@@ -236,7 +236,7 @@ def soft_update(target, source, tau):
 
 
 def update_critic(rb, actor_target, qf, qf_target, q_optimizer, args):
-    """One step on the twin critics' summed MSE, on a new batch; returns the mean of their losses and their mean Q
+    """One step on the twin critics' summed MSE, on a new batch; returns each critic's loss and mean Q
     values."""
     obs, action, reward, terminated, next_obs = rb.sample()
     with torch.no_grad():
@@ -245,11 +245,12 @@ def update_critic(rb, actor_target, qf, qf_target, q_optimizer, args):
         next_q = qf_target(next_obs, next_action).min(0).values
         target = td_target(reward, terminated, next_q, args.gamma)
     q = qf(obs, action)
-    qf_loss = ((q - target) ** 2).mean((1, 2)).sum()
+    qf_losses = ((q - target) ** 2).mean((1, 2))  # each critic's
+    qf_loss = qf_losses.sum()
     q_optimizer.zero_grad(set_to_none=True)
     qf_loss.backward()
     q_optimizer.step()
-    return qf_loss.detach() / len(q), q.detach().mean((1, 2))
+    return qf_losses.detach(), q.detach().mean((1, 2))
 
 
 def update_actor(rb, actor, qf, actor_target, qf_target, actor_optimizer, args):
@@ -348,12 +349,13 @@ def main(args):
             obs_on_device = upload(obs, device)
 
             if global_step > args.learning_starts:
-                qf_loss, qf_values = critic_step()
+                qf_losses, qf_values = critic_step()
                 if num_updates % args.policy_frequency == 0:
                     actor_loss = actor_step()
                 num_updates += 1
-                run.record(global_step, num_updates, qf_loss=qf_loss, actor_loss=actor_loss,
-                           qf1_values=qf_values[0], qf2_values=qf_values[1])
+                run.record(global_step, num_updates, qf_loss=qf_losses.mean(), qf1_loss=qf_losses[0],
+                           qf2_loss=qf_losses[1], actor_loss=actor_loss, qf1_values=qf_values[0],
+                           qf2_values=qf_values[1])
 
             run.progress(global_step, num_updates)
             done = global_step >= args.total_timesteps
@@ -364,6 +366,7 @@ def main(args):
                                     episode_return=episode_return, episode_length=episode_length)
         if args.save_model:
             run.save_model(actor=actor, qf=qf)
+        run.finish()
     finally:
         envs.close()
         run.close()
@@ -528,7 +531,7 @@ def choose_device(args):
     """The training device (a warning line when --cuda finds no GPU), and torch's threads."""
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    if args.cuda and not torch.cuda.is_available():
+    if "--cuda" in sys.argv[1:] and not torch.cuda.is_available():  # asked for on the command line, not the default
         print("warning: --cuda is set but no GPU is available; running on the CPU", file=sys.stderr)
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
     if device.type == "cuda" and args.torch_deterministic:  # the CPU's ops are deterministic already
@@ -722,7 +725,8 @@ class Run:
         self.evaluation_due = saved["evaluation_due"]
         self.start_time = time.time() - saved["wall_time"]
         self.result = None
-        write_atomically(os.path.join(self.dir, "args.json"), lambda f: json.dump(asdict(args), f, indent=2))
+        recorded = {**asdict(args), "device": str(device)}  # the device the run used, whatever --cuda said
+        write_atomically(os.path.join(self.dir, "args.json"), lambda f: json.dump(recorded, f, indent=2))
         self.write_evaluations()  # on resume: the rows up to the checkpoint, dropping any made after it
         if args.track:
             import wandb
@@ -767,8 +771,13 @@ class Run:
         eta = datetime.timedelta(seconds=int(left / sps)) if sps else "-"
         last = "{2:.1f} +- {3:.1f}".format(*self.evaluations[-1]) if self.evaluations else "-"
         done = 1 - left / self.args.total_timesteps
-        line = f"step {global_step}/{self.args.total_timesteps} ({done:.0%}) | {sps:.0f} steps/s | {ups:.0f} updates/s"
-        self.say(f"{line} | last eval {last} | ETA {eta}", end="" if self.tty else "\n")
+        fields = [f"step {global_step}/{self.args.total_timesteps} ({done:.0%})", f"{sps:.0f} steps/s",
+                  f"{ups:.0f} updates/s", f"last eval {last}", f"ETA {eta}"]
+        if self.tty:  # one line of the terminal's width: the fields least needed go first
+            width = shutil.get_terminal_size().columns - 1
+            for name in ("updates/s", "last eval", "steps/s"):
+                fields = [f for f in fields if name not in f] if len(" | ".join(fields)) > width else fields
+        self.say(" | ".join(fields)[: width if self.tty else None], end="" if self.tty else "\n")
         self.line_open = self.tty  # rewritten in place until a line of its own follows
         self.last_report = (now, global_step, num_updates, False)
 
@@ -871,6 +880,12 @@ class Run:
         model = {name: {k: v.cpu() for k, v in net.state_dict().items()} for name, net in networks.items()}
         write_atomically(os.path.join(self.dir, "model.pt"), partial(torch.save, {**model, "args": asdict(self.args)}),
                          mode="wb")
+
+    def finish(self):
+        """The closing line of a finished run: its final evaluation, directory and wall time."""
+        wall_time = datetime.timedelta(seconds=int(time.time() - self.start_time))
+        result = f"final eval {self.result['eval_mean']:.1f} +- {self.result['eval_std']:.1f}" if self.result else ""
+        self.say(f"finished {self.args.total_timesteps} steps in {wall_time}: {result}; {self.dir}")
 
     def close(self):
         if self.line_open:  # end the progress line before any last message

@@ -3,6 +3,7 @@ handling, progress, wandb and video. Parametrised over the scripts (bad input: t
 import csv
 import importlib
 import itertools
+import json
 import os
 import re
 import signal
@@ -38,7 +39,7 @@ def test_smoke_outputs(script, tiny_runs):
     else:
         assert steps == [200, 400]
     assert all(len(r["returns"].split()) == 2 for r in rows)
-    assert (run_dir / "args.json").exists()
+    assert json.loads((run_dir / "args.json").read_text())["device"] == "cpu"  # the device used, not --cuda's default
     assert (run_dir / "model.pt").exists()
     assert list(run_dir.glob("events.out.tfevents.*"))
     assert load_checkpoint(run_dir)["global_step"] == steps[-1]
@@ -219,12 +220,17 @@ def test_progress_after_resume(script, tmp_path, monkeypatch, capsys):
 
 
 def test_progress_on_a_terminal(script, tmp_path, monkeypatch, capsys):
-    """On a terminal the progress line is rewritten in place, an evaluation line replaces it, and the run leaves the
-    cursor on a fresh line."""
+    """On a terminal the progress line is rewritten in place and fits its width, an evaluation line replaces it, and
+    the run ends with a closing line (final evaluation, wall time, directory), leaving the cursor on a fresh line."""
     fake_clock(importlib.import_module(script), monkeypatch)
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    monkeypatch.setenv("COLUMNS", "60")  # a 400-step run's line is 76 characters: narrow enough to drop fields
     run_main(script, flags_with(TINY, eval_freq=0), tmp_path, monkeypatch)
     out = capsys.readouterr().out
     assert "\r\033[Kstep " in out
     assert re.search(r"\r\033\[Kstep \d+/400 \| eval return ", out)  # the final evaluation, over the progress line
     assert out.endswith("\n")
+    progress = [part for part in out.replace("\n", "\r").split("\r") if "steps/s" in part]
+    assert progress
+    assert all(len(part.removeprefix("\033[K")) < 60 and "ETA" in part for part in progress), progress  # no wrap
+    assert re.search(r"\nfinished 400 steps in \d+:\d\d:\d\d: final eval .+; .+\n$", out), out[-300:]
