@@ -14,21 +14,22 @@ the algorithm:
   Adam is the fused implementation (the same update rule). The names are CleanRL's, as in td3_continuous.py:
   the critic is `qf`, its optimizer `q_optimizer`, a training step an update (`num_updates`).
 - With --no-checkpoints and --num-envs N, each vector step runs N training steps (one per env step).
-- SIGINT/SIGTERM are acted on between training bursts, so after at most one episode's training steps.
+- A signal (SIGINT, SIGTERM, SIGHUP) is acted on between two updates, also inside a training burst: the
+  checkpoint keeps the updates still due, and the resumed run makes them before its next env step.
 - The LAP-Huber threshold follows --min-priority (the authors fix it at 1; the same at the default).
 - Evaluation starts its --eval-episodes episodes from the same seeds every time (so every checkpoint policy is
   judged on the same start states; the authors' single evaluation env keeps advancing between evaluations).
 - The critic's two heads are separate networks, as the authors' (not one batched module as in td3_continuous.py).
 - --compile and --cudagraphs (both off by default; off computes exactly what it always did) run each update
   as a compiled callable or a replayed CUDA graph: README, "The GPU fast path".
-- Added: periodic evaluation into evaluations.csv, checkpoints of the whole run with --resume, SIGINT/SIGTERM
+- Added: periodic evaluation into evaluations.csv, checkpoints of the whole run with --resume, signal
   handling, a guard against non-finite losses, one-line errors for bad input, --save-buffer.
 
 Offline mode (--offline --dataset PATH) trains on a fixed .npz dataset with the TD3+BC term and no policy
-checkpoints, as the authors' D4RL mode; global_step then counts training steps. The file holds float arrays
-observations (N, obs_dim), actions (N, act_dim) in the env's units, rewards (N,), next_observations
-(N, obs_dim) and terminals (N,) (1 where the episode terminated; 0 otherwise, time-limit truncations too);
---save-buffer writes an online run's replay buffer in this format.
+checkpoints, as the authors' D4RL mode; global_step then counts training steps. The file holds finite float
+arrays observations (N, obs_dim), actions (N, act_dim) in the env's units and within its bounds, rewards (N,),
+next_observations (N, obs_dim) and terminals (N,) (1 where the episode terminated; 0 otherwise, time-limit
+truncations too), N at least --batch-size; --save-buffer writes an online run's replay buffer in this format.
 
 The file has two parts: the algorithm, from here to `main`, and below the banner after it the run
 machinery, which changes nothing that is computed.
@@ -37,21 +38,24 @@ import contextlib
 import copy
 import csv
 import datetime
-import io
+import fcntl
+import importlib.util
 import itertools
 import json
 import os
 import random
+import shutil
 import signal
+import socket
 import sys
+import tempfile
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from functools import partial
 from typing import Optional
 
 import gymnasium as gym
-import mujoco
 import numpy as np
 import torch
 import torch.nn as nn
@@ -427,6 +431,12 @@ class CheckpointPolicy:
             self.best_min_return *= args.reset_weight
             self.max_eps_before_update = args.max_eps_when_checkpointing
 
+    def state_dict(self):
+        return asdict(self)
+
+    def load_state_dict(self, state):
+        self.__dict__.update(state)
+
 
 def true_next_obs(next_obs, infos):
     """Same-step autoreset: next_obs of a finished env is already the next episode's first observation; the
@@ -437,15 +447,60 @@ def true_next_obs(next_obs, infos):
     return real_next_obs
 
 
+def act(actor, encoder, obs, noise=0.0):
+    """pi(s, f(s)) of `actor` on the embedding of `encoder`, plus exploration noise N(0, noise), clipped to [-1, 1]."""
+    action = actor(obs, encoder.zs(obs))
+    return (action + torch.randn_like(action) * noise).clamp(-1.0, 1.0) if noise else action
+
+
+DATASET_KEYS = ("observations", "actions", "rewards", "next_observations", "terminals")
+
+
+def load_dataset(args, obs_dim, act_dim, low, high):
+    """The --dataset arrays (format in the module docstring), actions normalised to [-1, 1]; refused with one line
+    unless they are transitions of this env that TD7 can train on."""
+    path = args.dataset
+    try:
+        with np.load(path) as data:
+            d = {key: np.asarray(data[key], dtype=np.float64) for key in DATASET_KEYS}
+    except Exception as e:
+        fail(f"cannot read --dataset {path}: {first_line(e)}")
+    rows = len(d["observations"]) if d["observations"].ndim else "N"
+    if rows == 0:
+        fail(f"--dataset {path} holds no transitions")
+    for key, width in zip(DATASET_KEYS, (obs_dim, act_dim, None, obs_dim, None)):
+        shape = (rows,) if width is None else (rows, width)
+        if d[key].shape != shape:
+            needs = str(shape).replace("'", "")  # (N, 1) where the observations have no rows
+            fail(f"--dataset {path}: {key} has shape {d[key].shape}, the env needs {needs}")
+        bad = np.argwhere(~np.isfinite(d[key]))
+        if len(bad):
+            where = f"row {bad[0][0]}" + (f", column {bad[0][1]}" if width else "")
+            fail(f"--dataset {path}: {key} holds a non-finite value, {d[key][tuple(bad[0])]}, in {where}")
+    (bad,) = np.nonzero((d["terminals"] != 0) & (d["terminals"] != 1))
+    if len(bad):
+        fail(f"--dataset {path}: terminals must be 0 or 1, but row {bad[0]} holds {d['terminals'][bad[0]]}")
+    beyond = np.maximum(d["actions"] - high, low - d["actions"])  # how far outside the bounds, in the env's units
+    row, column = np.unravel_index((beyond / (high - low)).argmax(), beyond.shape)
+    if beyond[row, column] > 1e-5 * (high - low)[column]:  # more than the float32 rounding of a saved buffer
+        fail(f"--dataset {path}: actions lie outside the env's bounds, by up to {beyond[row, column]:.4g} (row {row}, "
+             f"column {column}: {d['actions'][row, column]:.4g}, bounds [{low[column]:.4g}, {high[column]:.4g}])")
+    if rows < args.batch_size:
+        fail(f"--dataset {path} holds {rows} transitions, fewer than --batch-size {args.batch_size}")
+    d["actions"] = np.clip(2.0 * (d["actions"] - low) / (high - low) - 1.0, -1.0, 1.0)
+    return d
+
+
 def main(args):
-    check_env(args.env_id)
     check_args(args)
+    check_env(args)
     checkpoint = read_checkpoint(args)
     envs = gym.vector.SyncVectorEnv([make_env(args.env_id) for _ in range(args.num_envs)],
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
     low, high = envs.single_action_space.low, envs.single_action_space.high
-    dataset = load_dataset(args.dataset, obs_dim, act_dim, low, high) if args.offline else None
+    dataset = load_dataset(args, obs_dim, act_dim, low, high) if args.offline else None  # checked as the flags are
+    capacity = len(dataset["observations"]) if args.offline else args.buffer_size
     device = choose_device(args)
 
     random.seed(args.seed)
@@ -454,21 +509,21 @@ def main(args):
     torch.backends.cudnn.deterministic = args.torch_deterministic
     rng = np.random.default_rng(args.seed)  # the random actions before learning starts
 
-    encoder = Encoder(obs_dim, act_dim, args.zs_dim, args.hidden_dim).to(device)
-    actor = Actor(obs_dim, act_dim, args.zs_dim, args.hidden_dim).to(device)
-    qf = Critic(obs_dim, act_dim, args.zs_dim, args.hidden_dim).to(device)
+    sizes = (obs_dim, act_dim, args.zs_dim, args.hidden_dim)  # of the networks; check_memory measures their copies too
+    check_memory(device, args, lambda: [Encoder(*sizes)] * 4 + [Actor(*sizes)] * 3 + [Critic(*sizes)] * 2,
+                 LAPReplayBuffer(capacity, obs_dim, act_dim, args.batch_size, "meta"))
+    encoder = Encoder(*sizes).to(device)
+    actor = Actor(*sizes).to(device)
+    qf = Critic(*sizes).to(device)
     fixed_encoder, fixed_encoder_target, checkpoint_encoder = (frozen_copy(encoder) for _ in range(3))
-    actor_target, checkpoint_actor = frozen_copy(actor), frozen_copy(actor)
-    qf_target = frozen_copy(qf)
+    actor_target, checkpoint_actor, qf_target = frozen_copy(actor), frozen_copy(actor), frozen_copy(qf)
     # Value clipping: targets are clipped to the (min, max) of all targets seen up to the last target update.
     value_range, value_clip = torch.tensor([1e8, -1e8], device=device), torch.zeros(2, device=device)
     # fused: one kernel for all parameters, 2-3x faster than the default foreach Adam on CPU; same update rule
-    encoder_optimizer = torch.optim.Adam(encoder.parameters(), lr=args.encoder_lr, fused=True,
-                                         capturable=args.cudagraphs)
-    q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.q_lr, fused=True, capturable=args.cudagraphs)
-    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True, capturable=args.cudagraphs)
-    capacity = len(dataset["observations"]) if args.offline else args.buffer_size
-    check_memory(LAPReplayBuffer(capacity, obs_dim, act_dim, args.batch_size, torch.device("meta")), device)
+    adam = partial(torch.optim.Adam, fused=True, capturable=args.cudagraphs)
+    encoder_optimizer = adam(encoder.parameters(), lr=args.encoder_lr)
+    q_optimizer = adam(qf.parameters(), lr=args.q_lr)
+    actor_optimizer = adam(actor.parameters(), lr=args.policy_lr)
     rb = LAPReplayBuffer(capacity, obs_dim, act_dim, args.batch_size, device)
     # The updates (without and with the delayed actor step) as callables, compiled or CUDA graphs under the flags.
     update_steps = [accelerate(partial(update, rb, encoder, actor, qf, fixed_encoder, fixed_encoder_target,
@@ -478,7 +533,7 @@ def main(args):
     if args.offline and not checkpoint:
         rb.add(*(dataset[key] for key in ("observations", "actions", "rewards", "terminals", "next_observations")))
     policy, use_checkpoints = CheckpointPolicy(), args.checkpoints and not args.offline  # TD7's, online only
-    # Everything a checkpoint holds besides the loop's counters and the envs: --resume restores exactly these.
+    # Everything a checkpoint holds besides the loop's values and the envs: --resume restores exactly these.
     state = {"encoder": encoder, "actor": actor, "qf": qf, "fixed_encoder": fixed_encoder,
              "fixed_encoder_target": fixed_encoder_target, "checkpoint_encoder": checkpoint_encoder,
              "actor_target": actor_target, "checkpoint_actor": checkpoint_actor, "qf_target": qf_target,
@@ -486,36 +541,34 @@ def main(args):
              "q_optimizer": q_optimizer, "actor_optimizer": actor_optimizer, "rb": rb, "policy": policy, "rng": rng}
     # Evaluation and the saved model use the checkpoint policy when there is one.
     eval_actor, eval_encoder = (checkpoint_actor, checkpoint_encoder) if use_checkpoints else (actor, fixed_encoder)
-    run = Run(args, checkpoint, device)
 
     obs, _ = envs.reset(seed=args.seed)
-    obs_on_device = upload(obs, device)
-    episode_return, episode_length = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
-    global_step, num_updates, allow_train = 0, 0, args.offline
+    start = {"global_step": 0, "num_updates": 0, "updates_due": 0, "allow_train": args.offline, "obs": obs,
+             "episode_return": np.zeros(args.num_envs), "episode_length": np.zeros(args.num_envs, dtype=np.int64)}
     if checkpoint:
-        (global_step, num_updates, allow_train), episodes = run.restore(checkpoint, state, envs.envs)
-        obs, episode_return, episode_length = episodes or (obs, episode_return, episode_length)
-        obs_on_device = upload(obs, device)
+        start = restore(checkpoint, state, envs.envs, start)
+    global_step, num_updates, updates_due, allow_train, obs, episode_return, episode_length = start.values()
+    obs_on_device = upload(obs, device)
     metrics = {"actor_loss": torch.zeros((), device=device)}  # the last of each, as the actor's is delayed
+    run = Run(args, checkpoint, device)
     try:
-        while global_step < args.total_timesteps:
-            if args.offline:  # one update per step, on the dataset
-                global_step, num_new_updates = global_step + 1, 1
-            else:
+        if run.evaluation_due:  # the checkpoint's evaluation, which a signal interrupted
+            run.evaluate(global_step, partial(act, eval_actor, eval_encoder))
+        while global_step < args.total_timesteps or updates_due:
+            if args.offline and not updates_due:  # one update per step, on the dataset
+                global_step, updates_due = global_step + 1, 1
+            elif not updates_due:
                 if not allow_train:
                     action = rng.uniform(-1.0, 1.0, (args.num_envs, act_dim))
                 else:
                     with torch.no_grad():
-                        action = actor(obs_on_device, fixed_encoder.zs(obs_on_device))
-                        action = (action + torch.randn_like(action) * args.exploration_noise).clamp(-1.0, 1.0)
-                        action = action.cpu().numpy()
+                        action = act(actor, fixed_encoder, obs_on_device, args.exploration_noise).cpu().numpy()
                     run.check_finite(global_step, action=action)  # the action is on the host anyway: a free check
                 next_obs, reward, terminated, truncated, infos = envs.step(to_env(action, low, high))
                 global_step += args.num_envs
-                run.check_finite(global_step, observation=next_obs)
-
+                run.check_finite(global_step, reward=reward, observation=next_obs)
                 # With policy checkpoints the agent trains in bursts at episode ends; without, one update per step.
-                num_new_updates = args.num_envs if allow_train and not use_checkpoints else 0
+                updates_due = args.num_envs if allow_train and not use_checkpoints else 0
                 episode_return += reward
                 episode_length += 1
                 for i in np.flatnonzero(terminated | truncated):
@@ -525,18 +578,18 @@ def main(args):
                         if take_checkpoint:
                             checkpoint_actor.load_state_dict(actor.state_dict())
                             checkpoint_encoder.load_state_dict(fixed_encoder.state_dict())
-                        num_new_updates += updates
+                        updates_due += updates
                     allow_train = allow_train or global_step > args.learning_starts
                     episode_return[i], episode_length[i] = 0.0, 0
-
                 rb.add(obs, action, reward, terminated, true_next_obs(next_obs, infos))
                 obs = next_obs
                 obs_on_device = upload(obs, device)
 
-            for _ in range(num_new_updates):
+            while updates_due and not run.signal:  # a signal stops a burst between updates; the resumed run ends it
                 if use_checkpoints:
                     policy.before_update(num_updates, args)
                 num_updates += 1
+                updates_due -= 1
                 metrics.update(update_steps[num_updates % args.policy_frequency == 0]())
                 if num_updates % args.target_update_rate == 0:  # the cascade: each target takes what it follows
                     actor_target.load_state_dict(actor.state_dict())
@@ -549,11 +602,12 @@ def main(args):
 
             run.progress(global_step, num_updates)
             done = global_step >= args.total_timesteps
-            if crossed(global_step, args.eval_freq, args.num_envs) or done:
-                run.evaluate(global_step, lambda o: eval_actor(o, eval_encoder.zs(o)))
-            if crossed(global_step, args.checkpoint_freq, args.num_envs) or (done and args.checkpoint_freq) or run.stop:
-                run.save_checkpoint(state, (global_step, num_updates, allow_train), envs.envs,
-                                    (obs, episode_return, episode_length))
+            if (crossed(global_step, args.eval_freq, args.num_envs) or done) and not updates_due:  # after the burst
+                run.evaluate(global_step, partial(act, eval_actor, eval_encoder))
+            if crossed(global_step, args.checkpoint_freq, args.num_envs) or done and args.checkpoint_freq or run.signal:
+                run.save_checkpoint(state, envs.envs, global_step=global_step, num_updates=num_updates,
+                                    updates_due=updates_due, allow_train=allow_train, obs=obs,
+                                    episode_return=episode_return, episode_length=episode_length)
         if args.save_model:
             run.save_model(actor=eval_actor, encoder=eval_encoder, qf=qf)
         if args.save_buffer:
@@ -565,18 +619,24 @@ def main(args):
 
 
 # ======================================================================================================================
-# Part 2: the run machinery. Nothing below changes what is computed: it checks the input, owns the run's directory
-# (args.json, TensorBoard, evaluations.csv, checkpoints, the model), evaluates, stops on non-finite numbers and
-# turns SIGINT/SIGTERM into a checkpoint.
+# Part 2: the run machinery. Nothing below changes what is computed: it checks the input before anything is written,
+# owns the run's directory (one writer; every file written whole), evaluates, and ends a run on a non-finite number
+# or a signal, leaving a checkpoint that --resume continues.
 # ======================================================================================================================
 
-# Flags that may differ when resuming: they change how a run is watched, not what it computes.
-RESUMABLE_FLAGS = {"total_timesteps", "resume", "track", "wandb_project_name", "wandb_entity", "capture_video",
-                   "save_model", "eval_freq", "eval_episodes", "checkpoint_freq", "log_freq", "torch_threads", "cuda",
-                   "save_buffer"}
-# Flags of online training that --offline would ignore: it refuses them instead.
-OFFLINE_IGNORES = ["buffer_size", "learning_starts", "exploration_noise", "num_envs", "checkpoints",
-                   "max_eps_when_checkpointing", "steps_before_checkpointing", "reset_weight"]
+# Flags a resume may change: they change how a run is watched, not what it computes.
+WATCH_FLAGS = {"total_timesteps", "resume", "track", "wandb_project_name", "wandb_entity", "capture_video"}
+WATCH_FLAGS |= {"save_model", "eval_freq", "eval_episodes", "checkpoint_freq", "log_freq", "torch_threads", "cuda"}
+WATCH_FLAGS |= {"save_buffer"}  # TD7's: a file written at the end
+# TD7: the flags of online training, which --offline would ignore; it refuses them instead.
+OFFLINE_IGNORES = ["buffer_size", "learning_starts", "exploration_noise", "num_envs", "checkpoints"]
+OFFLINE_IGNORES += ["max_eps_when_checkpointing", "steps_before_checkpointing", "reset_weight"]
+EPISODE_VALUES = ["obs", "episode_return", "episode_length"]  # the loop's values of the envs' running episodes
+EVAL_STEP_LIMIT = 10_000  # the longest evaluation episode of an env without a time limit (MuJoCo's is 1,000)
+
+
+class Stop(Exception):
+    """A signal during an evaluation, which changes no training state: the evaluation ends at once."""
 
 
 def fail(message):
@@ -588,129 +648,146 @@ def first_line(error):
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
-def parse_args(argv=None):
-    """tyro's parser, with its error box shortened to one line in tyro's words: the message (which names the flag)
-    and, for a misspelled flag, the one it resembles."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if "-h" in argv or "--help" in argv:
-        return tyro.cli(Args, args=argv)
-    message, columns = io.StringIO(), os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = "1000"  # tyro wraps its box at the terminal's width: one message, one row
-    try:
-        with contextlib.redirect_stderr(message):
-            return tyro.cli(Args, args=argv)
-    except SystemExit:
-        rows = [row.strip("│ ").strip() for row in message.getvalue().splitlines() if row.startswith("│")]
-        rows = [row for row in rows if row and not row.startswith(("─", "For full helptext"))]
-        meant = rows[rows.index("Perhaps you meant:") + 1:] if "Perhaps you meant:" in rows else []
-        hint = next((row for row in meant if row.startswith("--")), None)
-        print(f"error: {rows[0] if rows else 'cannot parse the command line'}"
-              + (f" (perhaps you meant {hint})" if hint else ""), file=sys.stderr)
-        sys.exit(2)
-    finally:
-        if columns is None:
-            del os.environ["COLUMNS"]
-        else:
-            os.environ["COLUMNS"] = columns
+def parse_args():
+    """The command line, in tyro's words; with --resume, the checkpoint's arguments are the defaults."""
+    args = tyro.cli(Args)
+    if not args.resume:
+        return args
+    saved = load_checkpoint(args.resume)["args"]
+    return tyro.cli(Args, default=Args(**{f.name: saved[f.name] for f in fields(Args) if f.name in saved}))
 
 
 def check_args(args):
-    """Every numeric flag finite and in its range, before anything is written."""
-    positive = ["total_timesteps", "num_envs", "buffer_size", "batch_size", "eval_episodes", "log_freq",
-                "policy_frequency", "target_update_rate", "encoder_lr", "q_lr", "policy_lr", "zs_dim", "hidden_dim",
-                "max_eps_when_checkpointing", "min_priority", "reset_weight"]
-    non_negative = ["learning_starts", "eval_freq", "checkpoint_freq", "torch_threads", "policy_noise", "noise_clip",
-                    "exploration_noise", "alpha", "lmbda", "steps_before_checkpointing"]
-    unit_interval = ["gamma", "reset_weight"]
+    """Every flag in its range and every optional dependency in place, before anything is written."""
+    positive = ["total_timesteps", "num_envs", "buffer_size", "batch_size", "eval_episodes", "log_freq"]
+    positive += ["policy_frequency", "target_update_rate", "encoder_lr", "q_lr", "policy_lr", "zs_dim", "hidden_dim"]
+    positive += ["max_eps_when_checkpointing", "min_priority", "reset_weight"]  # TD7's flags
+    non_negative = ["learning_starts", "eval_freq", "checkpoint_freq", "torch_threads", "policy_noise"]
+    non_negative += ["noise_clip", "exploration_noise", "alpha", "lmbda", "steps_before_checkpointing"]  # TD7's
     for name, value in asdict(args).items():
-        flag = f"--{name.replace('_', '-')}"
+        flag = "--" + name.replace("_", "-")
         if isinstance(value, float) and not np.isfinite(value):
             fail(f"{flag} must be a finite number, got {value}")
         if name in positive and value <= 0 or name in non_negative and value < 0:
             fail(f"{flag} must be {'positive' if name in positive else 'non-negative'}, got {value}")
-        if name in unit_interval and not 0 <= value <= 1:
-            fail(f"{flag} must lie in [0, 1], got {value}")
-    if args.batch_size > args.buffer_size:
-        fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
-    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
-        fail("--cudagraphs needs a GPU: " + ("--no-cuda is set" if not args.cuda else "none is available"))
-    if args.learning_starts >= args.total_timesteps and not args.offline:
-        fail(f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}: no "
-             "update would ever happen")
-    if args.offline != bool(args.dataset):
-        fail("--offline needs --dataset PATH" if args.offline else "--dataset is only read with --offline")
-    for name in OFFLINE_IGNORES if args.offline else []:
-        value = getattr(args, name)
-        if value != getattr(Args, name):
-            fail(f"--{'no-' if value is False else ''}{name.replace('_', '-')} has no effect with --offline: it trains "
+        if args.offline and name in OFFLINE_IGNORES and value != getattr(Args, name):  # TD7's offline mode
+            fail(f"{flag.replace('--', '--no-' if value is False else '--')} has no effect with --offline: it trains "
                  "on the whole dataset, one update per step, without policy checkpoints")
-    if args.num_envs > 1 and args.checkpoints and not args.offline:
-        fail("--num-envs above 1 needs --no-checkpoints: a checkpoint judges whole episodes of one policy")
+    wandb_key = os.environ.get("WANDB_API_KEY") or os.path.exists(os.path.expanduser("~/.netrc"))
+    problems = {
+        f"--gamma must lie in [0, 1], got {args.gamma}": not 0 <= args.gamma <= 1,
+        f"--reset-weight must lie in [0, 1], got {args.reset_weight}": args.reset_weight > 1,  # TD7's, for TD3's tau
+        f"--seed must lie in [0, 2**31), got {args.seed}": not 0 <= args.seed < 2**31,
+        "--eval-episodes must be at most 1000": args.eval_episodes > 1000,
+        f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}": (
+            args.batch_size > args.buffer_size
+        ),
+        f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}: no update "
+        "would happen": args.learning_starts >= args.total_timesteps and not args.offline,  # TD7: offline has none
+        f"--exp-name {args.exp_name!r} must be a plain file name of 1-100 characters": not (
+            0 < len(args.exp_name) <= 100 and "/" not in args.exp_name and not args.exp_name.startswith(".")
+        ),
+        "--resume needs the path of a checkpoint.pt": args.resume == "",
+        "--offline needs --dataset PATH": args.offline and not args.dataset,  # TD7's offline mode, and its checkpoints
+        "--dataset is only read with --offline": args.dataset and not args.offline,
+        "--num-envs above 1 needs --no-checkpoints: a checkpoint judges whole episodes of one policy": (
+            args.num_envs > 1 and args.checkpoints
+        ),
+        "--cudagraphs needs a GPU: --no-cuda is set": args.cudagraphs and not args.cuda,
+        "--cudagraphs needs a GPU: none is available": args.cudagraphs and not torch.cuda.is_available(),
+        "--track needs wandb: pip install wandb": args.track and not importlib.util.find_spec("wandb"),
+        "--track needs a wandb key (wandb login, or WANDB_API_KEY) or WANDB_MODE=offline": (
+            args.track and not (wandb_key or os.environ.get("WANDB_MODE") in ("offline", "disabled"))
+        ),
+    }
+    for message, problem in problems.items():
+        if problem:
+            fail(message)
 
 
-def check_env(env_id):
-    """Fail with one line unless env_id names an env this script can learn: vector observations, bounded actions."""
+def check_env(args):
+    """Fail with one line unless --env-id names an env this script can learn (its spaces as the checks below say)
+    and, with --capture-video, one that renders and can be recorded."""
+    # Nothing renders without --capture-video: no render backend (MUJOCO_GL) may stop the run.
+    os.environ["MUJOCO_GL"] = os.environ.get("MUJOCO_GL", "egl") if args.capture_video else "disable"
     try:
-        env = gym.make(env_id)
+        env = gym.make(args.env_id, render_mode="rgb_array" if args.capture_video else None)
     except Exception as e:  # gymnasium raises many kinds: unknown id, missing extra, bad module path
-        fail(f"cannot make --env-id {env_id!r}: {first_line(e)}")
+        fail(f"cannot make --env-id {args.env_id!r}: {first_line(e)}")
     obs_space, act_space = env.observation_space, env.action_space
-    env.close()
     if not isinstance(act_space, gym.spaces.Box):
-        fail(f"{env_id} has a {type(act_space).__name__} action space; TD7 needs a continuous (Box) one, "
-             "see sac_discrete.py")
-    if not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
-        fail(f"{env_id} has unbounded actions; TD7's tanh policy needs finite bounds")
+        fail(f"{args.env_id} has a {type(act_space).__name__} action space; TD7 needs a Box, see sac_discrete.py")
+    if len(act_space.shape) != 1 or not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
+        fail(f"{args.env_id} has actions {act_space}; TD7's tanh policy needs a bounded Box of one dimension")
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-        fail(f"{env_id} has {obs_space} observations; this script needs a flat vector (Box of one dimension)")
-
-
-DATASET_KEYS = ("observations", "actions", "rewards", "next_observations", "terminals")
-
-
-def load_dataset(path, obs_dim, act_dim, low, high):
-    """The --dataset arrays (format in the module docstring), actions normalised to [-1, 1]; fails with one line."""
+        fail(f"{args.env_id} has {obs_space} observations; this script needs a flat vector (Box of one dimension)")
     try:
-        with np.load(path) as data:
-            d = {key: np.asarray(data[key], dtype=np.float64) for key in DATASET_KEYS}
+        if args.capture_video:
+            import moviepy  # noqa: F401 (RecordVideo writes with it)
+
+            env.reset(seed=0)
+            env.render()
     except Exception as e:
-        fail(f"cannot read --dataset {path}: {first_line(e)}")
-    n = len(d["observations"])
-    if n == 0:
-        fail(f"--dataset {path} holds no transitions")
-    expected = {"observations": (n, obs_dim), "actions": (n, act_dim), "rewards": (n,),
-                "next_observations": (n, obs_dim), "terminals": (n,)}
-    for key, shape in expected.items():
-        if d[key].shape != shape:
-            fail(f"--dataset {path}: {key} has shape {d[key].shape}, the env needs {shape}")
-        if not np.isfinite(d[key]).all():
-            fail(f"--dataset {path}: {key} holds a non-finite value, in row {np.flatnonzero(~np.isfinite(d[key]))[0]}")
-    d["actions"] = np.clip(2.0 * (d["actions"] - low) / (high - low) - 1.0, -1.0, 1.0)
-    return d
+        fail(f"--capture-video cannot record {args.env_id}: {first_line(e)}")
+    env.close()
+
+
+def load_checkpoint(path):
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as e:
+        fail(f"cannot read --resume file {path}: {first_line(e)}")
+    if not isinstance(checkpoint, dict) or not {"args", "loop", "state", "run"} <= checkpoint.keys():
+        fail(f"--resume file {path} is not a checkpoint.pt of this script (model.pt holds only the networks)")
+    return checkpoint
 
 
 def read_checkpoint(args):
     """The --resume checkpoint (None without one), refused unless it was made with the same algorithm flags."""
     if not args.resume:
         return None
-    try:
-        checkpoint = torch.load(args.resume, map_location="cpu", weights_only=False)
-    except Exception as e:
-        fail(f"cannot read --resume file {args.resume}: {first_line(e)}")
-    if not isinstance(checkpoint, dict) or not {"args", "run_name", "global_step", "state"} <= checkpoint.keys():
-        fail(f"--resume file {args.resume} is not a checkpoint.pt of this script (model.pt holds only the networks)")
-    saved_args, step = checkpoint["args"], checkpoint["global_step"]
+    checkpoint = load_checkpoint(args.resume)
     for name, value in asdict(args).items():
-        if name not in RESUMABLE_FLAGS and saved_args.get(name) != value:
-            fail(f"--resume file {args.resume} was made with --{name.replace('_', '-')} {saved_args.get(name)}, "
-                 f"not {value}")
-    if args.total_timesteps <= step:
+        if name not in WATCH_FLAGS and checkpoint["args"].get(name) != value:
+            saved = checkpoint["args"].get(name)
+            fail(f"--resume file {args.resume} was made with --{name.replace('_', '-')} {saved}, not {value}")
+    step = checkpoint["loop"]["global_step"]
+    due = checkpoint["run"]["evaluation_due"] or checkpoint["loop"]["updates_due"]  # TD7: a burst may be due too
+    if args.total_timesteps < step or args.total_timesteps == step and not due:
         fail(f"--total-timesteps {args.total_timesteps} is not beyond the checkpoint's global_step {step}")
     return checkpoint
 
 
+def restore(checkpoint, state, envs, start):
+    """Load a checkpoint into `state`, the envs and the RNGs; returns the loop's values named in `start` as the
+    checkpoint holds them. A checkpoint that does not fit (an env whose spaces changed under its id) is refused."""
+    try:
+        for name, value in state.items():
+            if isinstance(value, np.random.Generator):
+                value.bit_generator.state = checkpoint["state"][name]
+            elif isinstance(value, torch.Tensor):  # a learnt or kept tensor (SAC's log_alpha)
+                value.data.copy_(checkpoint["state"][name])
+            else:
+                value.load_state_dict(checkpoint["state"][name])
+        loop = {name: checkpoint["loop"][name] for name in start}
+        if all("mujoco" in saved or "state" in saved for saved in checkpoint["envs"]):
+            for env, saved in zip(envs, checkpoint["envs"], strict=True):
+                set_env_state(env, saved)
+        else:  # an env whose state this script cannot read: new episodes, from the reset in `start`
+            print("warning: cannot restore the envs' state; the resumed run starts new episodes", file=sys.stderr)
+            loop.update({name: start[name] for name in EPISODE_VALUES})
+        random.setstate(checkpoint["rng"]["python"])
+        np.random.set_state(checkpoint["rng"]["numpy"])
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+        if checkpoint["rng"]["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state(checkpoint["rng"]["cuda"])
+        return loop
+    except (KeyError, RuntimeError, ValueError, TypeError) as e:
+        fail(f"the --resume checkpoint does not fit this run: {first_line(e)}")
+
+
 def choose_device(args):
-    """The training device (a warning line when --cuda finds no GPU); sets torch's CPU threads."""
+    """The training device (a warning line when --cuda finds no GPU), and torch's threads."""
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     if args.cuda and not torch.cuda.is_available():
@@ -720,6 +797,34 @@ def choose_device(args):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition, before its first use
         torch.use_deterministic_algorithms(True, warn_only=True)  # a warning names any op that has no such version
     return device
+
+
+def check_memory(device, args, networks, buffer):
+    """Where the replay `buffer` (built on the meta device: shapes, no memory) can live: the training device when the
+    run fits in its free memory (the GPU's, or the host's within a cgroup's limit) with the `networks` (built here on
+    the meta device) with gradients and Adam's moments and one update's activations (about four floats per unit of
+    each layer and sample); otherwise fail with one line."""
+    with torch.device("meta"):
+        named = [p for net in networks() for p in net.named_parameters()]
+    networks_need = 16 * sum(p.numel() * (args.batch_size if "bias" in name else 1) for name, p in named)
+    buffer_need = sum(t.numel() * t.element_size() for t in tensors(buffer))
+    free = {"cpu": int(open("/proc/meminfo").read().split("MemAvailable:")[1].split()[0]) * 1024}
+    with contextlib.suppress(OSError, ValueError):
+        limit = open("/sys/fs/cgroup/memory.max").read()
+        free["cpu"] = min(free["cpu"], int(limit) - int(open("/sys/fs/cgroup/memory.current").read()))
+    if device.type == "cuda":
+        free["cuda"] = torch.cuda.mem_get_info(device)[0]
+    need = networks_need + buffer_need
+    if need <= free[device.type]:
+        return device
+    fail(f"the run needs {need / 2**30:.1f} GiB, more than the {free[device.type] / 2**30:.1f} GiB free on the "
+         f"{device.type}; lower --buffer-size or --batch-size")
+
+
+def tensors(buffer):
+    """A replay buffer's tensors, held directly or in a dict."""
+    values = [v for value in vars(buffer).values() for v in (value.values() if isinstance(value, dict) else [value])]
+    return [v for v in values if isinstance(v, torch.Tensor)]
 
 
 def accelerate(step, args):
@@ -732,11 +837,12 @@ def accelerate(step, args):
 class CudaGraph:
     """--cudagraphs: `step` runs eagerly for `warmup` calls on a side stream (optimizer state, compilation), is then
     captured once and replayed: one launch per update instead of one per kernel. It may only read and write tensors
-    that stay in place (in-place state, the buffer's `batch` and `length`), and it returns the same output tensors,
-    overwritten, at every replay."""
+    that stay in place, and it returns the same output tensors, overwritten, at every replay."""
 
     def __init__(self, step, warmup=3):
-        self.step, self.warmup, self.graph, self.outputs = step, warmup, None, None
+        self.step = step
+        self.warmup = warmup
+        self.graph = None
 
     def __call__(self):
         if self.warmup:
@@ -763,8 +869,12 @@ def crossed(step, freq, step_size):
 def env_state(env):
     """What it takes to continue one env's episode bit for bit: its RNG, time-limit counter and physics."""
     u = env.unwrapped
-    state = {"np_random": u.np_random.bit_generator.state, "elapsed_steps": env.get_wrapper_attr("_elapsed_steps")}
+    state = {"np_random": u.np_random.bit_generator.state}
+    with contextlib.suppress(AttributeError):  # an env without a time limit has no counter
+        state["elapsed_steps"] = env.get_wrapper_attr("_elapsed_steps")
     if hasattr(u, "model") and hasattr(u, "data"):  # MuJoCo: the full integration state, warm-start included
+        import mujoco
+
         state["mujoco"] = np.empty(mujoco.mj_stateSize(u.model, mujoco.mjtState.mjSTATE_INTEGRATION))
         mujoco.mj_getState(u.model, u.data, state["mujoco"], mujoco.mjtState.mjSTATE_INTEGRATION)
     elif hasattr(u, "state"):  # classic control
@@ -775,21 +885,24 @@ def env_state(env):
 def set_env_state(env, state):
     u = env.unwrapped
     u.np_random.bit_generator.state = state["np_random"]
-    env.set_wrapper_attr("_elapsed_steps", state["elapsed_steps"])
+    if "elapsed_steps" in state:
+        env.set_wrapper_attr("_elapsed_steps", state["elapsed_steps"])
     if "mujoco" in state:
+        import mujoco
+
         mujoco.mj_setState(u.model, u.data, state["mujoco"], mujoco.mjtState.mjSTATE_INTEGRATION)
         mujoco.mj_forward(u.model, u.data)
-    else:
+    elif "state" in state:
         u.state = state["state"]
 
 
 def evaluate(policy, env_id, episodes, seed, device, video_folder=None, video_prefix="eval"):
-    """Returns of `episodes` full episodes of the deterministic `policy` (no noise), on a separate env."""
+    """Returns of `episodes` full episodes of the deterministic `policy`, on a separate env."""
+    env = gym.make(env_id, render_mode="rgb_array" if video_folder else None)
+    if env.spec.max_episode_steps is None:
+        env = gym.wrappers.TimeLimit(env, EVAL_STEP_LIMIT)
     if video_folder:
-        env = gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), video_folder,
-                                       episode_trigger=lambda e: e == 0, name_prefix=video_prefix)
-    else:
-        env = gym.make(env_id)
+        env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda e: e == 0, name_prefix=video_prefix)
     low, high = env.action_space.low, env.action_space.high
     returns = []
     for episode in range(episodes):
@@ -806,127 +919,125 @@ def evaluate(policy, env_id, episodes, seed, device, video_folder=None, video_pr
     return returns
 
 
-def drop_evaluations_after(path, global_step):
-    """On resume, forget evaluations made after the checkpoint (the resumed run makes them again), rewriting the file
-    through a temp file; a malformed file is refused and left as it is. Returns the last evaluation kept, as the
-    progress line shows it."""
-    if not os.path.exists(path):
-        return "-"
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f))
+def write_atomically(path, write, mode="w"):
+    """Write `path` through a uniquely named temp file and a rename: a kill or a failed write (disk full, permission)
+    leaves the previous file whole, and a failed write ends the run with one line."""
+    directory, name = os.path.split(path)
+    temp = None
     try:
-        kept = rows[:1] + [row for row in rows[1:] if int(row[0]) <= global_step]
-        last = f"{float(kept[-1][2]):.1f} +- {float(kept[-1][3]):.1f}" if len(kept) > 1 else "-"
-    except (ValueError, IndexError):
-        fail(f"cannot resume: {path} has a malformed row; mend or remove it")
-    write_atomically(path, lambda f: csv.writer(f).writerows(kept))
-    return last
+        fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, mode) as f:
+            write(f)
+        os.replace(temp, path)
+    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError of its own words
+        with contextlib.suppress(OSError, TypeError):
+            os.remove(temp)
+        full = shutil.disk_usage(directory).free < 2**20
+        fail(f"cannot write {path}: {'no space left' if full else getattr(e, 'strerror', None) or first_line(e)}")
 
 
-def write_atomically(path, write):
-    """Write a text file through a temp file and a rename: a kill while writing leaves the old file whole."""
-    with open(path + ".tmp", "w", newline="") as f:
-        write(f)
-    os.replace(path + ".tmp", path)
-
-
-def claim_run_dir(name):
-    """Create runs/{name} exclusively, or runs/{name}-1, -2 ... when another run took it in the same second: a run
-    owns its directory. Returns the name taken and the directory."""
-    try:
-        os.makedirs("runs", exist_ok=True)
-    except OSError as e:
-        fail(f"cannot create the run directory in {os.path.abspath('runs')}: {e.strerror}")
+def claim_run_dir(args):
+    """The run's directory and its lock: runs/{run_name}, created exclusively (runs/{run_name}-1, -2 ... when another
+    run took it in the same second), or the --resume checkpoint's."""
+    if args.resume:
+        path = os.path.dirname(os.path.abspath(args.resume))
+        return path, lock(path)
+    name = f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     for i in itertools.count():
-        candidate = name if i == 0 else f"{name}-{i}"
+        path = os.path.abspath(os.path.join("runs", name if i == 0 else f"{name}-{i}"))
         try:
-            os.mkdir(os.path.join("runs", candidate))
-            return candidate, os.path.abspath(os.path.join("runs", candidate))
+            os.makedirs(path)
+            return path, lock(path)
         except FileExistsError:
             continue
+        except OSError as e:
+            fail(f"cannot create the run directory {path}: {e.strerror}")
 
 
-def check_memory(buffer, device):
-    """Fail with one line unless the replay `buffer`, built on the meta device (shapes and dtypes, no memory), fits
-    in the memory `device` has free: the GPU's, or the host's (MemAvailable, within a cgroup's limit)."""
-    tensors = [t for v in vars(buffer).values() for t in (v.values() if isinstance(v, dict) else [v])]
-    need = sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
-    if device.type == "cuda":
-        free = torch.cuda.mem_get_info(device)[0]
-    else:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")  # free pages, without reclaimable cache
-        with contextlib.suppress(OSError, IndexError):
-            free = int(open("/proc/meminfo").read().split("MemAvailable:")[1].split()[0]) * 1024
-        with contextlib.suppress(OSError, ValueError):
-            limit = open("/sys/fs/cgroup/memory.max").read().strip()
-            free = min(free, int(limit) - int(open("/sys/fs/cgroup/memory.current").read()))
-    if need > free:
-        fail(f"the replay buffer needs {need / 2**30:.1f} GiB, more than the {free / 2**30:.1f} GiB free on the "
-             f"{device.type}; lower --buffer-size")
+def lock(run_dir):
+    """Take the run directory's lock until its file descriptor (returned) is closed, and say who holds it: a second
+    process is refused with one line naming the first."""
+    try:
+        fd = os.open(os.path.join(run_dir, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fail(f"{run_dir} is in use by {os.read(fd, 100).decode() or 'another process'}")
+    except OSError as e:
+        fail(f"cannot lock the run directory {run_dir}: {e.strerror}")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}".encode(), 0)
+    return fd
 
 
 class Run:
-    """One run's directory and logs, its evaluations and checkpoints, SIGINT/SIGTERM and the non-finite guard."""
+    """One run as it goes: its directory, TensorBoard and the progress line, the guard against non-finite numbers,
+    evaluations, checkpoints and signals."""
 
     def __init__(self, args, checkpoint, device):
-        self.args, self.device, self.start_time, self.wall_time = args, device, time.time(), 0.0
-        self.eval_text = "-"  # the last evaluation, as the progress line shows it
-        if checkpoint:
-            self.name, self.dir = checkpoint["run_name"], os.path.dirname(os.path.abspath(args.resume))
-            self.eval_text = drop_evaluations_after(os.path.join(self.dir, "evaluations.csv"),
-                                                    checkpoint["global_step"])
-        else:
-            env_name = args.env_id.replace("/", "-").replace(":", "-")
-            self.name, self.dir = claim_run_dir(f"{env_name}__{args.exp_name}__{args.seed}__{int(time.time())}")
-        self.checkpoint_path = os.path.join(self.dir, "checkpoint.pt")
+        self.args = args
+        self.device = device
+        self.dir, self.lock = claim_run_dir(args)
+        self.name = os.path.basename(self.dir)
+        saved = checkpoint["run"] if checkpoint else {"wall_time": 0.0, "evaluations": [], "evaluation_due": False}
+        self.evaluations = saved["evaluations"]  # one row per evaluation, as evaluations.csv holds them
+        self.evaluation_due = saved["evaluation_due"]
+        self.start_time = time.time() - saved["wall_time"]
+        self.result = None
         write_atomically(os.path.join(self.dir, "args.json"), lambda f: json.dump(asdict(args), f, indent=2))
+        self.write_evaluations()  # on resume: the rows up to the checkpoint, dropping any made after it
         if args.track:
             import wandb
 
+            id = self.name[-64:].replace(".", "-")
             wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=asdict(args), name=self.name, id=self.name[-64:].replace(".", "-"), resume="allow",
-                       save_code=True, dir=self.dir)
-        if args.capture_video and "DISPLAY" not in os.environ:
-            os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering
-        self.writer = SummaryWriter(self.dir, purge_step=checkpoint["global_step"] if checkpoint else None)
-        self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
-            f"|{k}|{v}|" for k, v in asdict(args).items()))
+                       config=asdict(args), name=self.name, id=id, resume="allow", save_code=True, dir=self.dir)
+        loop = checkpoint["loop"] if checkpoint else {"global_step": 0, "num_updates": 0}
+        self.writer = SummaryWriter(self.dir, purge_step=loop["global_step"] if checkpoint else None)
+        table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
+        self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
         # Each update's metrics stay on the device until the next log, so that a non-finite one can be named with
         # its update and step without waiting for the device after every update.
-        self.names, self.history, self.updates, self.sps_start = None, [], [], None
-        self.tty, self.reported, self.pending = sys.stdout.isatty(), False, False
-        self.last_report = (time.time(), *(checkpoint["counters"][:2] if checkpoint else (0, 0)))  # time, step, updates
-        self.stop = []  # the signal that asks the run to stop, once one arrives
-        self.handlers = {s: signal.signal(s, lambda signum, frame: self.stop.append(signum))
-                         for s in (signal.SIGINT, signal.SIGTERM)}
+        self.metrics = []
+        self.metric_names = []
+        self.sps_start = None
+        self.tty = sys.stdout.isatty()
+        self.line_open = False  # a progress line on the terminal, which the next line replaces
+        self.last_report = (time.time(), loop["global_step"], loop["num_updates"], not checkpoint)
+        self.signal = None
+        self.evaluating = False
+        self.handlers = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         print(f"run {self.dir}: {args.env_id}, {args.total_timesteps} steps on {device}", flush=True)
+        if checkpoint:
+            print(f"resumed {self.dir} at global_step {loop['global_step']}", flush=True)
 
-    def sps(self, global_step):
-        """Env steps per second since the first update."""
-        start_step, start_time = self.sps_start or (global_step, time.time())
-        return (global_step - start_step) / max(time.time() - start_time, 1e-9)
+    def on_signal(self, signum, frame):
+        self.signal = signum
+        if self.evaluating:
+            raise Stop
 
     def progress(self, global_step, num_updates):
         """Env steps/s and updates/s since the last report, the last evaluation and the ETA: on a terminal a line
         rewritten every second, in a log (Slurm, a sweep) a line after 10 s and then every minute."""
-        now, (then, last_step, last_updates) = time.time(), self.last_report
-        if now - then < (1.0 if self.tty else 60.0 if self.reported else 10.0):
+        now = time.time()
+        then, last_step, last_updates, first = self.last_report
+        if now - then < (1.0 if self.tty else 10.0 if first else 60.0):
             return
-        sps, ups = (global_step - last_step) / (now - then), (num_updates - last_updates) / (now - then)
+        sps = (global_step - last_step) / (now - then)
+        ups = (num_updates - last_updates) / (now - then)
         left = max(self.args.total_timesteps - global_step, 0)
         eta = datetime.timedelta(seconds=int(left / sps)) if sps else "-"
-        line = (f"step {global_step}/{self.args.total_timesteps} ({1 - left / self.args.total_timesteps:.0%}) | "
-                f"{sps:.0f} steps/s | {ups:.0f} updates/s | last eval {self.eval_text} | ETA {eta}")
-        if self.tty:  # rewritten in place until a line of its own (self.say) follows
-            print("\r\033[K" + line, end="", flush=True)
-        else:
-            self.say(line)
-        self.last_report, self.reported, self.pending = (now, global_step, num_updates), True, self.tty
+        last = "{2:.1f} +- {3:.1f}".format(*self.evaluations[-1]) if self.evaluations else "-"
+        done = 1 - left / self.args.total_timesteps
+        line = f"step {global_step}/{self.args.total_timesteps} ({done:.0%}) | {sps:.0f} steps/s | {ups:.0f} updates/s"
+        self.say(f"{line} | last eval {last} | ETA {eta}", end="" if self.tty else "\n")
+        self.line_open = self.tty  # rewritten in place until a line of its own follows
+        self.last_report = (now, global_step, num_updates, False)
 
-    def say(self, line):
+    def say(self, line, file=None, end="\n"):
         """Print a line of its own; on a terminal, in place of the progress line."""
-        print(("\r\033[K" if self.pending else "") + line, flush=True)
-        self.pending = False
+        print(("\r\033[K" if self.line_open else "") + line, file=file, end=end, flush=True)
+        self.line_open = False
 
     def log_episode(self, global_step, episode_return, episode_length):
         self.writer.add_scalar("charts/episodic_return", episode_return, global_step)
@@ -935,119 +1046,102 @@ class Run:
     def record(self, global_step, update, **metrics):
         """Keep one update's metrics (scalar tensors, on the device); check and log them every --log-freq updates."""
         self.sps_start = self.sps_start or (global_step, time.time())
-        self.names = list(metrics)
-        self.history.append(torch.stack(list(metrics.values())))
-        self.updates.append((update, global_step))
-        if len(self.history) == self.args.log_freq:
-            self.flush(global_step)
+        self.metric_names = list(metrics)
+        self.metrics.append((update, global_step, torch.stack(list(metrics.values()))))
+        if len(self.metrics) == self.args.log_freq:
+            self.log_metrics(global_step)
 
-    def flush(self, global_step, cause=None):
-        """Stop on the first non-finite metric since the last log, or else on `cause`; log the metrics' means."""
-        values = torch.stack(self.history) if self.history else None
-        bad = [] if values is None else (~torch.isfinite(values)).nonzero().tolist()
+    def log_metrics(self, global_step):
+        """Stop on the first non-finite metric since the last log; log their means and the env steps/s."""
+        if not self.metrics:
+            return
+        values = torch.stack([m[2] for m in self.metrics])
+        bad = (~torch.isfinite(values)).nonzero().tolist()
         if bad:
-            (update, step), name = self.updates[bad[0][0]], self.names[bad[0][1]]
-            cause = f"{name} in update {update}, at global_step {step}"
-        if cause:
-            fail(f"non-finite {cause}; stopping. Last checkpoint: "
-                 f"{self.checkpoint_path if os.path.exists(self.checkpoint_path) else 'none'}")
-        if values is not None:
-            for name, value in zip(self.names, values.mean(0).tolist()):
-                self.writer.add_scalar(f"losses/{name}", value, global_step)
-            self.writer.add_scalar("charts/SPS", int(self.sps(global_step)), global_step)
-        self.history, self.updates = [], []
+            update, step, _ = self.metrics[bad[0][0]]
+            self.stop_on(f"non-finite {self.metric_names[bad[0][1]]} in update {update}, at global_step {step}")
+        for name, value in zip(self.metric_names, values.mean(0).tolist()):
+            self.writer.add_scalar(f"losses/{name}", value, global_step)
+        start_step, start_time = self.sps_start
+        sps = (global_step - start_step) / max(time.time() - start_time, 1e-9)
+        self.writer.add_scalar("charts/SPS", int(sps), global_step)
+        self.metrics = []
 
     def check_finite(self, global_step, **arrays):
-        """Stop if a host array (an action, an observation) is not finite, naming it, or any non-finite metric."""
+        """Stop if a host array (an action, a reward, an observation) is not finite, naming it, before it is used."""
         for name, array in arrays.items():
             if not np.isfinite(array).all():
-                self.flush(global_step, cause=f"{name} at global_step {global_step}")
+                self.stop_on(f"non-finite {name} at global_step {global_step}")
+
+    def stop_on(self, cause):
+        path = os.path.join(self.dir, "checkpoint.pt")
+        self.say(f"error: {cause}; stopping. Last checkpoint: {path if os.path.exists(path) else 'none'}", sys.stderr)
+        sys.exit(1)
 
     def evaluate(self, global_step, policy):
-        """Evaluate `policy` into evaluations.csv and TensorBoard, and print a progress line."""
-        self.flush(global_step)
+        """Evaluate `policy` into evaluations.csv and TensorBoard, and print a line. A signal ends it at once; the
+        checkpoint then says that it is still due."""
+        self.log_metrics(global_step)
         video_folder = os.path.join("videos", self.name) if self.args.capture_video else None
-        returns = evaluate(policy, self.args.env_id, self.args.eval_episodes, self.args.seed + 100_000, self.device,
-                           video_folder, video_prefix=f"step-{global_step}")
+        self.evaluating = self.evaluation_due = True
+        try:
+            returns = evaluate(policy, self.args.env_id, self.args.eval_episodes, self.args.seed + 100_000,
+                               self.device, video_folder, video_prefix=f"step-{global_step}")
+        except Stop:
+            return
+        finally:
+            self.evaluating = False
+        self.evaluation_due = False
         mean, std = float(np.mean(returns)), float(np.std(returns))
         self.writer.add_scalar("eval/episodic_return", mean, global_step)
-        path = os.path.join(self.dir, "evaluations.csv")
-        new_file = not os.path.exists(path)
-        with open(path, "a", newline="") as f:
-            if new_file:
-                csv.writer(f).writerow(["global_step", "wall_time_s", "mean_return", "std_return", "returns"])
-            csv.writer(f).writerow([global_step, round(self.elapsed(), 1), mean, std,
-                                    " ".join(f"{r:.2f}" for r in returns)])
+        wall_time = round(time.time() - self.start_time, 1)
+        self.evaluations.append([global_step, wall_time, mean, std, " ".join(f"{r:.2f}" for r in returns)])
+        self.write_evaluations()
         self.result = {"run_dir": self.dir, "global_step": global_step, "eval_mean": mean, "eval_std": std}
-        self.eval_text = f"{mean:.1f} +- {std:.1f}"
-        self.say(f"step {global_step}/{self.args.total_timesteps} | eval return {self.eval_text}")
+        self.say(f"step {global_step}/{self.args.total_timesteps} | eval return {mean:.1f} +- {std:.1f}")
 
-    def elapsed(self):
-        return self.wall_time + time.time() - self.start_time
+    def write_evaluations(self):
+        rows = [["global_step", "wall_time_s", "mean_return", "std_return", "returns"], *self.evaluations]
+        write_atomically(os.path.join(self.dir, "evaluations.csv"), lambda f: csv.writer(f).writerows(rows))
 
-    def save_checkpoint(self, state, counters, envs, episodes):
-        """Write everything needed to continue: `state`, the loop's counters (global_step first), the envs and their
-        episodes, every RNG. After a SIGINT/SIGTERM, exit once it is written."""
-        self.flush(counters[0])
-        checkpoint = {"args": asdict(self.args), "run_name": self.name, "global_step": counters[0],
-                      "wall_time": self.elapsed(), "counters": counters,
-                      "state": {name: value.bit_generator.state if isinstance(value, np.random.Generator)
-                                else value.cpu() if isinstance(value, torch.Tensor)
-                                else asdict(value) if isinstance(value, CheckpointPolicy)
-                                else value.state_dict() for name, value in state.items()},
-                      "envs": [env_state(env) for env in envs], "episodes": episodes,
-                      "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
-                              "torch": torch.get_rng_state(),
-                              "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
-        torch.save(checkpoint, self.checkpoint_path + ".tmp")
-        os.replace(self.checkpoint_path + ".tmp", self.checkpoint_path)  # a kill while writing leaves the old one whole
-        if self.stop:
-            print(f"{signal.Signals(self.stop[0]).name} at global_step {counters[0]}: checkpoint written to "
-                  f"{self.checkpoint_path}; continue with --resume {self.checkpoint_path}", file=sys.stderr)
-            sys.exit(128 + self.stop[0])
-
-    def restore(self, checkpoint, state, envs):
-        """Load a checkpoint into `state`, the envs and the RNGs; returns the loop's counters and the envs' episodes
-        (None when the envs' state cannot be restored: the run then starts new episodes)."""
-        for name, value in state.items():
-            if isinstance(value, np.random.Generator):
-                value.bit_generator.state = checkpoint["state"][name]
-            elif isinstance(value, torch.Tensor):
-                value.copy_(checkpoint["state"][name])
-            elif isinstance(value, CheckpointPolicy):
-                value.__dict__.update(checkpoint["state"][name])
-            else:
-                value.load_state_dict(checkpoint["state"][name])
-        episodes = checkpoint["episodes"]
-        if all("mujoco" in saved or "state" in saved for saved in checkpoint["envs"]):
-            for env, saved in zip(envs, checkpoint["envs"]):
-                set_env_state(env, saved)
-        else:
-            print(f"warning: cannot restore the state of {self.args.env_id}; the resumed run starts new episodes",
-                  file=sys.stderr)
-            episodes = None
-        random.setstate(checkpoint["rng"]["python"])
-        np.random.set_state(checkpoint["rng"]["numpy"])
-        torch.set_rng_state(checkpoint["rng"]["torch"])
-        if torch.cuda.is_available() and checkpoint["rng"]["cuda"] is not None:
-            torch.cuda.set_rng_state_all(checkpoint["rng"]["cuda"])
-        self.wall_time = checkpoint["wall_time"]
-        print(f"resumed {self.dir} at global_step {checkpoint['global_step']}", flush=True)
-        return checkpoint["counters"], episodes
-
-    def save_buffer(self, rb, low, high):
-        """Write the replay buffer to buffer.npz in the --dataset format, actions in the env's units."""
-        obs, action, reward, terminated, next_obs = (x.cpu().numpy() for x in rb.data[: len(rb)].split(rb.split, 1))
-        np.savez(os.path.join(self.dir, "buffer.npz"), observations=obs, actions=to_env(action, low, high),
-                 rewards=reward[:, 0], next_observations=next_obs, terminals=terminated[:, 0])
+    def save_checkpoint(self, state, envs, **loop):
+        """Write everything needed to continue: `state`, the envs, every RNG, the run's evaluations and the loop's
+        values by name (global_step first). After a signal, the run ends here with exit status 128 + signal."""
+        self.log_metrics(loop["global_step"])
+        path = os.path.join(self.dir, "checkpoint.pt")
+        run = {"wall_time": time.time() - self.start_time, "evaluations": self.evaluations}
+        rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+        rng["cuda"] = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+        checkpoint = {
+            "args": asdict(self.args),
+            "loop": loop,
+            "run": {**run, "evaluation_due": self.evaluation_due},
+            "state": {k: v.bit_generator.state if isinstance(v, np.random.Generator)
+                      else v.detach().cpu() if isinstance(v, torch.Tensor) else v.state_dict()
+                      for k, v in state.items()},
+            "envs": [env_state(env) for env in envs],
+            "rng": rng,
+        }
+        write_atomically(path, partial(torch.save, checkpoint), mode="wb")
+        if self.signal:
+            self.say(f"{signal.Signals(self.signal).name} at global_step {loop['global_step']}: checkpoint written; "
+                     f"continue with --resume {path}", sys.stderr)
+            sys.exit(128 + self.signal)
 
     def save_model(self, **networks):
         """Write the final networks, on the CPU, to model.pt."""
-        torch.save({**{name: {k: v.cpu() for k, v in net.state_dict().items()} for name, net in networks.items()},
-                    "args": asdict(self.args)}, os.path.join(self.dir, "model.pt"))
+        model = {name: {k: v.cpu() for k, v in net.state_dict().items()} for name, net in networks.items()}
+        write_atomically(os.path.join(self.dir, "model.pt"), partial(torch.save, {**model, "args": asdict(self.args)}),
+                         mode="wb")
+
+    def save_buffer(self, rb, low, high):
+        """TD7's --save-buffer: the replay buffer to buffer.npz in the --dataset format, actions in the env's units."""
+        obs, action, reward, terminated, next_obs = (x.cpu().numpy() for x in rb.data[: len(rb)].split(rb.split, 1))
+        arrays = dict(zip(DATASET_KEYS, (obs, to_env(action, low, high), reward[:, 0], next_obs, terminated[:, 0])))
+        write_atomically(os.path.join(self.dir, "buffer.npz"), partial(np.savez, **arrays), mode="wb")
 
     def close(self):
-        if self.pending:  # end the progress line before any last message
+        if self.line_open:  # end the progress line before any last message
             print()
         for s, handler in self.handlers.items():
             signal.signal(s, handler)
@@ -1056,6 +1150,7 @@ class Run:
             import wandb
 
             wandb.finish()
+        os.close(self.lock)
 
 
 if __name__ == "__main__":
