@@ -298,9 +298,9 @@ def soft_update(target, source, tau):
 def update_critic(rb, learners, actor_targets, qf, qf_target, q_optimizer, args):
     """One step on the twin critics' summed MSE, averaged over the learners that share this critic (a new batch and
     a target policy each: one learner for K pairs, all K with --shared-critic, as EvoRL averages their losses);
-    returns the mean of the critics' losses and their mean Q values."""
+    returns each critic's loss (averaged over the learners) and mean Q values."""
     batches = [rb.sample(k) for k in learners]
-    actor_targets, losses, qs = [actor_targets[k] for k in learners], [], []
+    actor_targets, losses, qs, head_losses = [actor_targets[k] for k in learners], [], [], []
     for (obs, action, reward, terminated, next_obs), actor_target in zip(batches, actor_targets):
         with torch.no_grad():
             noise = (torch.randn_like(action) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
@@ -308,12 +308,13 @@ def update_critic(rb, learners, actor_targets, qf, qf_target, q_optimizer, args)
             next_q = qf_target(next_obs, next_action).min(0).values
             target = td_target(reward, terminated, next_q, args.gamma)
         qs.append(qf(obs, action))
-        losses.append(((qs[-1] - target) ** 2).mean((1, 2)).sum())
+        head_losses.append(((qs[-1] - target) ** 2).mean((1, 2)))  # each critic's
+        losses.append(head_losses[-1].sum())
     qf_loss = torch.stack(losses).mean()
     q_optimizer.zero_grad(set_to_none=True)
     qf_loss.backward()
     q_optimizer.step()
-    return qf_loss.detach() / len(qs[0]), torch.cat(qs, 1).detach().mean((1, 2))
+    return torch.stack(head_losses).mean(0).detach(), torch.cat(qs, 1).detach().mean((1, 2))
 
 
 def update_actor(obs, actor, qf, actor_optimizer):
@@ -588,12 +589,12 @@ def main(args):
             # 3. TD3 updates, --utd-ratio per env step of this generation, for each critic and its learners.
             while updates_due and not run.signal:
                 for q in range(len(critic_learners)):
-                    qf_loss, qf_values = critic_steps[q]()
+                    qf_losses, qf_values = critic_steps[q]()
                     if num_updates % args.policy_frequency == 0:
                         actor_losses[q] = actor_steps[q]()
                     run.record(global_step, f"{num_updates + 1} of critic {q} in generation {generation}",
-                               qf_loss=qf_loss, actor_loss=actor_losses[q].mean(), qf1_values=qf_values[0],
-                               qf2_values=qf_values[1])
+                               qf_loss=qf_losses.mean(), qf1_loss=qf_losses[0], qf2_loss=qf_losses[1],
+                               actor_loss=actor_losses[q].mean(), qf1_values=qf_values[0], qf2_values=qf_values[1])
                 num_updates += 1
                 updates_due -= 1
 
@@ -622,6 +623,7 @@ def main(args):
             run.save_model({"weights": [w.cpu() for w in weights], "biases": [b.cpu() for b in biases],
                             "fitness": fitness}, **{f"actor_{k}": a for k, a in enumerate(actors)},
                            **{f"qf_{k}": q for k, q in enumerate(qfs)})
+        run.finish()
     finally:
         for env in envs + learner_envs:
             env.close()
@@ -797,7 +799,7 @@ def choose_device(args):
     """The training device (a warning line when --cuda finds no GPU), and torch's threads."""
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    if args.cuda and not torch.cuda.is_available():
+    if "--cuda" in sys.argv[1:] and not torch.cuda.is_available():  # asked for on the command line, not the default
         print("warning: --cuda is set but no GPU is available; running on the CPU", file=sys.stderr)
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
     if device.type == "cuda" and args.torch_deterministic:  # the CPU's ops are deterministic already
@@ -991,7 +993,8 @@ class Run:
         self.evaluation_due = saved["evaluation_due"]
         self.start_time = time.time() - saved["wall_time"]
         self.result = None
-        write_atomically(os.path.join(self.dir, "args.json"), lambda f: json.dump(asdict(args), f, indent=2))
+        recorded = {**asdict(args), "device": str(device)}  # the device the run used, whatever --cuda said
+        write_atomically(os.path.join(self.dir, "args.json"), lambda f: json.dump(recorded, f, indent=2))
         self.write_evaluations()  # on resume: the rows up to the checkpoint, dropping any made after it
         if args.track:
             import wandb
@@ -1036,8 +1039,13 @@ class Run:
         eta = datetime.timedelta(seconds=int(left / sps)) if sps else "-"
         last = "{2:.1f} +- {3:.1f}".format(*self.evaluations[-1]) if self.evaluations else "-"
         done = 1 - left / self.args.total_timesteps
-        line = f"step {global_step}/{self.args.total_timesteps} ({done:.0%}) | {sps:.0f} steps/s | {ups:.0f} updates/s"
-        self.say(f"{line} | last eval {last} | ETA {eta}", end="" if self.tty else "\n")
+        fields = [f"step {global_step}/{self.args.total_timesteps} ({done:.0%})", f"{sps:.0f} steps/s",
+                  f"{ups:.0f} updates/s", f"last eval {last}", f"ETA {eta}"]
+        if self.tty:  # one line of the terminal's width: the fields least needed go first
+            width = shutil.get_terminal_size().columns - 1
+            for name in ("updates/s", "last eval", "steps/s"):
+                fields = [f for f in fields if name not in f] if len(" | ".join(fields)) > width else fields
+        self.say(" | ".join(fields)[: width if self.tty else None], end="" if self.tty else "\n")
         self.line_open = self.tty  # rewritten in place until a line of its own follows
         self.last_report = (now, global_step, num_updates, False)
 
@@ -1155,6 +1163,12 @@ class Run:
         model["population"] = population  # ERL
         write_atomically(os.path.join(self.dir, "model.pt"), partial(torch.save, {**model, "args": asdict(self.args)}),
                          mode="wb")
+
+    def finish(self):
+        """The closing line of a finished run: its final evaluation, directory and wall time."""
+        wall_time = datetime.timedelta(seconds=int(time.time() - self.start_time))
+        result = f"final eval {self.result['eval_mean']:.1f} +- {self.result['eval_std']:.1f}" if self.result else ""
+        self.say(f"finished {self.args.total_timesteps} steps in {wall_time}: {result}; {self.dir}")
 
     def close(self):
         if self.line_open:  # end the progress line before any last message

@@ -40,9 +40,12 @@ LIFECYCLE = {
     "batch larger than memory": (["--batch-size", "100000000", "--buffer-size", "100000000"],
                                  "lower --buffer-size or --batch-size"),
     "track without a wandb key": (["--track"], "--track needs a wandb key"),
-    "matrix of actions": (["--env-id", "tests.toy_envs:CounterMatrixAction-v0"], "a bounded Box of one dimension"),
 }
-LIFECYCLE_SCRIPTS = ["td3_continuous", "sac_continuous"]
+ODD_ACTIONS = {  # action spaces that were accepted and then sent wrong actions
+    "matrix of actions": (["--env-id", "tests.toy_envs:CounterMatrixAction-v0"], "a bounded Box of one dimension"),
+    "discrete actions not from 0": (["--env-id", "tests.toy_envs:DiscreteCounterShifted-v0"], "numbered from 1"),
+}
+LIFECYCLE_SCRIPTS = SCRIPTS
 OWN = {
     "td3_continuous": {"wrong action space": (["--env-id", "CartPole-v1"], "Discrete action space")},
     "sac_continuous": {"wrong action space": (["--env-id", "CartPole-v1"], "Discrete action space"),
@@ -74,6 +77,8 @@ OWN = {
 }
 CASES = [(script, case) for script in SCRIPTS for case in {**COMMON, **OWN[script]}]
 CASES += [(script, case) for script in LIFECYCLE_SCRIPTS for case in LIFECYCLE]
+CASES += [(script, "discrete actions not from 0" if script == "sac_discrete" else "matrix of actions")
+          for script in LIFECYCLE_SCRIPTS]
 
 
 def float_flags(script):
@@ -121,7 +126,7 @@ def assert_refused(stderr, expected, before, cwd):
 
 @pytest.mark.parametrize("script,case", CASES)
 def test_bad_input(script, case, tmp_path, tiny_runs, monkeypatch, capsys):
-    flags, expected = {**COMMON, **OWN[script], **LIFECYCLE}[case]
+    flags, expected = {**COMMON, **OWN[script], **LIFECYCLE, **ODD_ACTIONS}[case]
     if case == "track without a wandb key":
         for name in ("WANDB_MODE", "WANDB_API_KEY"):
             monkeypatch.delenv(name, raising=False)

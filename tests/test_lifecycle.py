@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import REPO, TINY, cli_env, flags_with, load_checkpoint, run_cli, toy_env
 
 # The scripts whose run machinery has been rebuilt so far; the others follow.
-SCRIPTS = ["td3_continuous", "sac_continuous"]
+SCRIPTS = ["td3_continuous", "sac_continuous", "sac_discrete", "td7_continuous", "erl_td3"]
 pytestmark = pytest.mark.parametrize("script", SCRIPTS)
 
 
@@ -35,8 +35,8 @@ def assert_whole(run_dir):
     and no temp file is left behind."""
     json.loads((run_dir / "args.json").read_text())
     rows = list(csv.reader(open(run_dir / "evaluations.csv")))
-    assert rows[0] == ["global_step", "wall_time_s", "mean_return", "std_return", "returns"]
-    assert all(len(row) == 5 for row in rows)
+    assert rows[0][:5] == ["global_step", "wall_time_s", "mean_return", "std_return", "returns"]  # ERL: 2 more
+    assert all(len(row) == len(rows[0]) for row in rows)
     if (run_dir / "checkpoint.pt").exists():
         load_checkpoint(run_dir)
     assert not list(run_dir.glob(".*.tmp"))
@@ -55,13 +55,16 @@ def test_resume_takes_the_checkpoints_flags(script, tmp_path):
     flags = flags_with(TINY, total_timesteps=300, eval_freq=100)
     assert run_cli(script, flags, tmp_path).returncode == 0
     run_dir = the_run_dir(tmp_path)
-    result = run_cli(script, ["--resume", str(run_dir / "checkpoint.pt"), "--total-timesteps", "400"], tmp_path)
+    total = load_checkpoint(run_dir)["global_step"] + 100  # ERL's generations end where they end
+    result = run_cli(script, ["--resume", str(run_dir / "checkpoint.pt"), "--total-timesteps", str(total)], tmp_path)
     assert result.returncode == 0, result.stderr
     saved = json.loads((run_dir / "args.json").read_text())
     assert (saved["batch_size"], saved["eval_freq"], saved["buffer_size"], saved["total_timesteps"]) == (32, 100, 1000,
-                                                                                                        400)
-    steps = [row[0] for row in csv.reader(open(run_dir / "evaluations.csv"))][1:]
-    assert steps == ["100", "200", "300", "400"]
+                                                                                                        total)
+    steps = [int(row[0]) for row in list(csv.reader(open(run_dir / "evaluations.csv")))[1:]]
+    assert steps == sorted(set(steps)) and steps[-1] >= total
+    if script != "erl_td3":
+        assert steps == [100, 200, 300, 400]
     assert_whole(run_dir)
 
 
@@ -73,11 +76,12 @@ def test_a_checkpoint_that_does_not_fit_writes_nothing(script, tmp_path):
     assert run_cli(script, flags_with(TINY, total_timesteps=300), tmp_path).returncode == 0
     run_dir = the_run_dir(tmp_path)
     checkpoint = load_checkpoint(run_dir)
-    name = next(iter(checkpoint["state"]["actor"]))
-    checkpoint["state"]["actor"][name] = torch.zeros(1)
+    actor = checkpoint["state"]["actor_0" if script == "erl_td3" else "actor"]
+    actor[next(iter(actor))] = torch.zeros(1)
     torch.save(checkpoint, run_dir / "checkpoint.pt")
     before = {p: p.read_bytes() for p in run_dir.iterdir()}
-    result = run_cli(script, ["--resume", str(run_dir / "checkpoint.pt"), "--total-timesteps", "400"], tmp_path)
+    total = str(checkpoint["global_step"] + 100)
+    result = run_cli(script, ["--resume", str(run_dir / "checkpoint.pt"), "--total-timesteps", total], tmp_path)
     assert result.returncode == 1
     one_error_line(result.stderr, "the --resume checkpoint does not fit this run")
     assert {p: p.read_bytes() for p in run_dir.iterdir()} == before
@@ -125,6 +129,8 @@ def test_signal_during_an_evaluation(script, tmp_path):
     the checkpoint says the evaluation is still due, and the resumed run makes it first, at the checkpoint's step."""
     flags = flags_with(TINY, env_id=toy_env(script, "CounterSlow-v0"), total_timesteps=200, learning_starts=150,
                        eval_freq=100, eval_episodes=1, checkpoint_freq=0)
+    if script == "erl_td3":  # one generation of 3 episodes of 1000 steps, then its evaluation
+        flags = flags_with(flags, pop_size=2, num_elites=1)
     proc = start(script, flags, tmp_path)
     deadline = time.time() + 120
     while not (tmp_path / "slow_steps_began").exists() and time.time() < deadline:  # the evaluation has begun
@@ -135,14 +141,16 @@ def test_signal_during_an_evaluation(script, tmp_path):
     _, stderr = proc.communicate(timeout=60)
     assert time.time() - sent < 3
     assert proc.returncode == 128 + signal.SIGTERM, stderr
-    one_error_line(stderr, "SIGTERM at global_step 100")
     run_dir = the_run_dir(tmp_path)
+    step = load_checkpoint(run_dir)["global_step"]
+    assert step == (3000 if script == "erl_td3" else 100)
+    one_error_line(stderr, f"SIGTERM at global_step {step}")
     assert load_checkpoint(run_dir)["run"]["evaluation_due"]
     assert_whole(run_dir)
     result = run_cli(script, ["--resume", str(run_dir / "checkpoint.pt")], tmp_path)
     assert result.returncode == 0, result.stderr
-    steps = [row[0] for row in csv.reader(open(run_dir / "evaluations.csv"))][1:]
-    assert steps == ["100", "200"]
+    steps = [int(row[0]) for row in list(csv.reader(open(run_dir / "evaluations.csv")))[1:]]
+    assert steps == ([3000] if script == "erl_td3" else [100, 200])
 
 
 def test_non_finite_reward_is_never_stored(script, tmp_path):
@@ -150,13 +158,15 @@ def test_non_finite_reward_is_never_stored(script, tmp_path):
     holds only finite rewards, and resumes (to stop at the same step again)."""
     flags = flags_with(TINY, env_id=toy_env(script, "CounterInfReward-v0"), total_timesteps=2000,
                        learning_starts=100, checkpoint_freq=250, eval_freq=0)
+    if script == "erl_td3":  # generations of 21 steps: one checkpoint before the bad reward
+        flags = flags_with(flags, pop_size=2, num_elites=1)
     result = run_cli(script, flags, tmp_path)
     assert result.returncode == 1
     one_error_line(result.stderr, "error: non-finite reward at global_step ")
     run_dir = the_run_dir(tmp_path)
     assert_whole(run_dir)
     checkpoint = load_checkpoint(run_dir)
-    assert checkpoint["global_step"] == 250
+    assert 250 <= checkpoint["global_step"] < 300
     assert checkpoint["state"]["rb"]["data"].isfinite().all()
 
 
@@ -164,12 +174,15 @@ def test_env_without_a_time_limit(script, tmp_path):
     """An env with no TimeLimit: checkpoints work, and an evaluation episode that never ends stops at the script's
     step limit."""
     flags = flags_with(TINY, env_id=toy_env(script, "CounterNoLimit-v0"), total_timesteps=300, eval_episodes=1)
+    if script == "erl_td3":  # its training envs get a time limit of 1,000 steps: 3 episodes a generation
+        flags = flags_with(flags, pop_size=2, num_elites=1)
     result = run_cli(script, flags, tmp_path)
     assert result.returncode == 0, result.stderr
     run_dir = the_run_dir(tmp_path)
     rows = list(csv.DictReader(open(run_dir / "evaluations.csv")))
     assert float(rows[-1]["mean_return"]) == 10_000  # a reward of 1 per step, up to the limit
-    resumed = run_cli(script, ["--resume", str(run_dir / "checkpoint.pt"), "--total-timesteps", "400"], tmp_path)
+    total = load_checkpoint(run_dir)["global_step"] + 10
+    resumed = run_cli(script, ["--resume", str(run_dir / "checkpoint.pt"), "--total-timesteps", str(total)], tmp_path)
     assert resumed.returncode == 0, resumed.stderr
 
 
@@ -205,3 +218,16 @@ def test_read_only_directory(script, tmp_path):
         one_error_line(result.stderr, "cannot create the run directory")
     finally:
         subprocess.run(["umount", str(runs)], check=True)
+
+
+def test_resume_of_an_env_whose_state_cannot_be_read(script, tmp_path):
+    """The counter env keeps its count where no script looks (neither MuJoCo's state nor classic control's): the
+    resumed run says so and starts new episodes, so every stored transition still has next_obs == obs + 1."""
+    flags = flags_with(TINY, env_id=toy_env(script, "Counter-v0"), total_timesteps=300, checkpoint_freq=300)
+    assert run_cli(script, flags, tmp_path).returncode == 0
+    run_dir = the_run_dir(tmp_path)
+    resumed = run_cli(script, ["--resume", str(run_dir / "checkpoint.pt"), "--total-timesteps", "400"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "the resumed run starts new episodes" in resumed.stderr
+    data = load_checkpoint(run_dir)["state"]["rb"]["data"]
+    assert (data[:, -1] == data[:, 0] + 1).all()

@@ -23,7 +23,9 @@ class CounterEnv(gym.Env):
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
         self.action_space = action_space or (gym.spaces.Discrete(3) if discrete else gym.spaces.Box(
             np.array([0.0, -2.0], np.float32), np.array([1.0, 4.0], np.float32)))
-        self.step_seconds = step_seconds  # slow steps: an evaluation long enough to be interrupted
+        # Slow steps, in an env made after the process's 100th step (an evaluation's, not the training envs made at
+        # the start): an evaluation long enough to be interrupted.
+        self.step_seconds = step_seconds if CounterEnv.steps_in_process >= 100 else 0.0
         self.terminate_at, self.bad_from, self.bad_reward = terminate_at, bad_from, bad_reward
         self.nan_obs_from = nan_obs_from
         self.t = 0
@@ -34,7 +36,7 @@ class CounterEnv(gym.Env):
         return np.array([self.t], np.float32), {}
 
     def step(self, action):
-        if self.step_seconds and CounterEnv.steps_in_process >= 100:  # slow from the 100th step of the process on
+        if self.step_seconds:
             time.sleep(self.step_seconds)
             Path("slow_steps_began").touch()  # in the run's working directory: a test waits for it
         discrete = self.action_space.shape == ()
