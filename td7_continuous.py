@@ -541,7 +541,6 @@ def main(args):
              "q_optimizer": q_optimizer, "actor_optimizer": actor_optimizer, "rb": rb, "policy": policy, "rng": rng}
     # Evaluation and the saved model use the checkpoint policy when there is one.
     eval_actor, eval_encoder = (checkpoint_actor, checkpoint_encoder) if use_checkpoints else (actor, fixed_encoder)
-
     obs, _ = envs.reset(seed=args.seed)
     start = {"global_step": 0, "num_updates": 0, "updates_due": 0, "allow_train": args.offline, "obs": obs,
              "episode_return": np.zeros(args.num_envs), "episode_length": np.zeros(args.num_envs, dtype=np.int64)}
@@ -612,6 +611,7 @@ def main(args):
             run.save_model(actor=eval_actor, encoder=eval_encoder, qf=qf)
         if args.save_buffer:
             run.save_buffer(rb, low, high)
+        run.finish()
     finally:
         envs.close()
         run.close()
@@ -790,7 +790,7 @@ def choose_device(args):
     """The training device (a warning line when --cuda finds no GPU), and torch's threads."""
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    if args.cuda and not torch.cuda.is_available():
+    if "--cuda" in sys.argv[1:] and not torch.cuda.is_available():  # asked for on the command line, not the default
         print("warning: --cuda is set but no GPU is available; running on the CPU", file=sys.stderr)
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
     if device.type == "cuda" and args.torch_deterministic:  # the CPU's ops are deterministic already
@@ -984,7 +984,8 @@ class Run:
         self.evaluation_due = saved["evaluation_due"]
         self.start_time = time.time() - saved["wall_time"]
         self.result = None
-        write_atomically(os.path.join(self.dir, "args.json"), lambda f: json.dump(asdict(args), f, indent=2))
+        recorded = {**asdict(args), "device": str(device)}  # the device the run used, whatever --cuda said
+        write_atomically(os.path.join(self.dir, "args.json"), lambda f: json.dump(recorded, f, indent=2))
         self.write_evaluations()  # on resume: the rows up to the checkpoint, dropping any made after it
         if args.track:
             import wandb
@@ -1029,8 +1030,13 @@ class Run:
         eta = datetime.timedelta(seconds=int(left / sps)) if sps else "-"
         last = "{2:.1f} +- {3:.1f}".format(*self.evaluations[-1]) if self.evaluations else "-"
         done = 1 - left / self.args.total_timesteps
-        line = f"step {global_step}/{self.args.total_timesteps} ({done:.0%}) | {sps:.0f} steps/s | {ups:.0f} updates/s"
-        self.say(f"{line} | last eval {last} | ETA {eta}", end="" if self.tty else "\n")
+        fields = [f"step {global_step}/{self.args.total_timesteps} ({done:.0%})", f"{sps:.0f} steps/s",
+                  f"{ups:.0f} updates/s", f"last eval {last}", f"ETA {eta}"]
+        if self.tty:  # one line of the terminal's width: the fields least needed go first
+            width = shutil.get_terminal_size().columns - 1
+            for name in ("updates/s", "last eval", "steps/s"):
+                fields = [f for f in fields if name not in f] if len(" | ".join(fields)) > width else fields
+        self.say(" | ".join(fields)[: width if self.tty else None], end="" if self.tty else "\n")
         self.line_open = self.tty  # rewritten in place until a line of its own follows
         self.last_report = (now, global_step, num_updates, False)
 
@@ -1133,6 +1139,12 @@ class Run:
         model = {name: {k: v.cpu() for k, v in net.state_dict().items()} for name, net in networks.items()}
         write_atomically(os.path.join(self.dir, "model.pt"), partial(torch.save, {**model, "args": asdict(self.args)}),
                          mode="wb")
+
+    def finish(self):
+        """The closing line of a finished run: its final evaluation, directory and wall time."""
+        wall_time = datetime.timedelta(seconds=int(time.time() - self.start_time))
+        result = f"final eval {self.result['eval_mean']:.1f} +- {self.result['eval_std']:.1f}" if self.result else ""
+        self.say(f"finished {self.args.total_timesteps} steps in {wall_time}: {result}; {self.dir}")
 
     def save_buffer(self, rb, low, high):
         """TD7's --save-buffer: the replay buffer to buffer.npz in the --dataset format, actions in the env's units."""
