@@ -299,7 +299,9 @@ def update_actor(obs, actor, qf, actor_optimizer, alpha):
     """Actor loss mean(alpha * log pi(a|s) - min_i Q_i(s, a)), a ~ pi(s) reparameterised; returns the loss and
     log pi(a|s), which the alpha update reuses."""
     action, log_prob = actor.sample(obs)
-    actor_loss = (alpha * log_prob - qf.fixed(obs, action).min(0).values).mean()
+    # amin, not min(0).values: the same values and (without ties) gradients, but no scatter in the backward pass,
+    # which torch releases of 2024 could not capture in a CUDA graph.
+    actor_loss = (alpha * log_prob - qf.fixed(obs, action).amin(0)).mean()
     actor_optimizer.zero_grad(set_to_none=True)
     actor_loss.backward()
     actor_optimizer.step()

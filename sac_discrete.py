@@ -387,8 +387,11 @@ def update_critic(batch, actor, qf, qf_target, q_optimizer, alpha, args):
     with torch.no_grad():
         next_q = qf_target(next_obs).min(0).values
         target = td_target(reward, terminated, next_q, actor(next_obs), alpha, args.gamma)
-    taken = action.long().view(1, -1, 1).expand(len(qf.qs), -1, 1)
-    q = qf(obs).gather(2, taken)  # Q_i(s, a_taken), (num_q, batch, 1)
+    # Q_i(s, a_taken), (num_q, batch, 1), as a one-hot multiply-and-sum: exactly gather's values and gradients, but
+    # with no scatter in the backward pass, which torch releases of 2024 could not capture in a CUDA graph.
+    q = qf(obs)
+    taken = (action.view(-1, 1) == torch.arange(q.shape[-1], device=q.device)).to(q.dtype)  # (batch, n_actions)
+    q = (q * taken).sum(-1, keepdim=True)
     qf_losses = ((q - target) ** 2).mean((1, 2))  # each critic's
     qf_loss = qf_losses.sum()
     q_optimizer.zero_grad(set_to_none=True)
