@@ -7,6 +7,7 @@ Median of --repeats.
 
     python benchmark/erl_population.py --env-id Hopper-v4 --pop-size 10
 """
+
 import argparse
 import datetime
 import importlib.util
@@ -60,17 +61,20 @@ def main():
         envs = [seeded_envs(1, repeat * 1000 + i) for i in range(args.pop_size)]
         start, alone, steps = time.perf_counter(), [], 0
         for i in range(args.pop_size):
-            r, n = erl.run_episodes([w[i:i + 1] for w in weights], [b[i:i + 1] for b in biases], envs[i],
-                                    args.episodes, 0.0, device)
+            r, n = erl.run_episodes(
+                [w[i : i + 1] for w in weights], [b[i : i + 1] for b in biases], envs[i], args.episodes, 0.0, device
+            )
             alone.append(r[0])
             steps += n
         rates["one at a time"].append(steps / (time.perf_counter() - start))
         differences.append(float(np.max(np.abs(batched - np.array(alone)) / np.maximum(np.abs(alone), 1.0))))
-    header = (f"\n## {datetime.date.today()}: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-              f"1 thread, {args.env_id}, population {args.pop_size}, {args.episodes} episode(s) each, "
-              f"median of {args.repeats}; largest relative difference between the two ways' returns: "
-              f"{max(differences):.1e} (a batched matmul may round differently from a single one, and MuJoCo "
-              f"amplifies it over long episodes)\n\n| evaluation | env steps/s (median) | range |\n|---|---|---|\n")
+    header = (
+        f"\n## {datetime.date.today()}: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+        f"1 thread, {args.env_id}, population {args.pop_size}, {args.episodes} episode(s) each, "
+        f"median of {args.repeats}; largest relative difference between the two ways' returns: "
+        f"{max(differences):.1e} (a batched matmul may round differently from a single one, and MuJoCo "
+        f"amplifies it over long episodes)\n\n| evaluation | env steps/s (median) | range |\n|---|---|---|\n"
+    )
     rows = [f"| {name} | {statistics.median(r):.0f} | {min(r):.0f}-{max(r):.0f} |" for name, r in rates.items()]
     print(header + "\n".join(rows))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ evaluation. The curves (one PNG per env, one colour per algorithm: the mean over
 evaluation step, shaded between the lowest and highest seed, and the reference numbers as markers at their step)
 need matplotlib, the optional `plot` extra; without it the tables are written and the plots skipped.
 """
+
 import argparse
 import csv
 import json
@@ -25,8 +26,38 @@ import numpy as np
 
 REFERENCE = Path(__file__).resolve().parent / "reference.csv"
 # Two-sided 95% quantiles of Student's t by degrees of freedom (1-30); above that, the normal's 1.96.
-T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-       2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+T95 = [
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+]
 
 
 class Runs(defaultdict):
@@ -104,7 +135,7 @@ def iqm(values):
     """Interquartile mean: the mean of the values left after dropping the lowest and highest quarter."""
     values = np.sort(values)
     cut = int(len(values) * 0.25)
-    return float(np.mean(values[cut: len(values) - cut]))
+    return float(np.mean(values[cut : len(values) - cut]))
 
 
 def summarise(values, use_iqm=False):
@@ -128,14 +159,19 @@ def table(runs, steps, use_iqm=False, reference=None):
     reference = read_reference() if reference is None else reference
     lines = []
     for step in steps:
-        lines += [f"## At {step:,} env steps", "",
-                  f"| algorithm | env | {'IQM' if use_iqm else 'mean'} return | 95% CI | seeds | reference |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            f"## At {step:,} env steps",
+            "",
+            f"| algorithm | env | {'IQM' if use_iqm else 'mean'} return | 95% CI | seeds | reference |",
+            "|---|---|---|---|---|---|",
+        ]
         for (algorithm, env_id), group in sorted(runs.items()):
             scores = [s for s in (score_at(st, r, step) for _, st, r in group) if s is not None]
-            refs = [f"{r['mean']}" + (f" +- {r['std']}" if r["std"] else "") + f" ({r['measure']}; {r['source']})"
-                    for r in reference if r["algorithm"] == algorithm and r["env_id"] == env_id
-                    and int(r["step"]) == step]
+            refs = [
+                f"{r['mean']}" + (f" +- {r['std']}" if r["std"] else "") + f" ({r['measure']}; {r['source']})"
+                for r in reference
+                if r["algorithm"] == algorithm and r["env_id"] == env_id and int(r["step"]) == step
+            ]
             seeds = f"{len(scores)}" if len(scores) == len(group) else f"{len(scores)} of {len(group)} reached"
             if not scores:
                 lines.append(f"| {algorithm} | {env_id} | - | - | {seeds} | {'<br>'.join(refs)} |")
@@ -149,13 +185,19 @@ def table(runs, steps, use_iqm=False, reference=None):
 
 def seed_table(runs):
     """The markdown table of each run (the one per seed that went furthest): its last and its best evaluation."""
-    lines = ["## Each seed: its last and its best evaluation", "",
-             "| algorithm | env | seed | last evaluation | best evaluation |", "|---|---|---|---|---|"]
+    lines = [
+        "## Each seed: its last and its best evaluation",
+        "",
+        "| algorithm | env | seed | last evaluation | best evaluation |",
+        "|---|---|---|---|---|",
+    ]
     for (algorithm, env_id), group in sorted(runs.items()):
         for seed, steps, returns in group:
             b = int(np.argmax(returns))
-            lines.append(f"| {algorithm} | {env_id} | {seed} | {returns[-1]:.1f} at {steps[-1]:,} "
-                         f"| {returns[b]:.1f} at {steps[b]:,} |")
+            lines.append(
+                f"| {algorithm} | {env_id} | {seed} | {returns[-1]:.1f} at {steps[-1]:,} "
+                f"| {returns[b]:.1f} at {steps[b]:,} |"
+            )
     return "\n".join(lines + [""])
 
 
@@ -163,8 +205,9 @@ def curve(group):
     """On the union of the seeds' evaluation steps: the number of seeds that reached each step, their mean, lowest
     and highest return there (each seed interpolated between its own evaluations, never beyond its last)."""
     grid = np.unique(np.concatenate([steps for _, steps, _ in group]))
-    values = np.array([np.where((grid >= st[0]) & (grid <= st[-1]), np.interp(grid, st, r), np.nan)
-                       for _, st, r in group])
+    values = np.array(
+        [np.where((grid >= st[0]) & (grid <= st[-1]), np.interp(grid, st, r), np.nan) for _, st, r in group]
+    )
     count = (~np.isnan(values)).sum(0)
     grid, values, count = grid[count > 0], values[:, count > 0], count[count > 0]
     return grid, count, np.nanmean(values, 0), np.nanmin(values, 0), np.nanmax(values, 0), values
@@ -184,12 +227,23 @@ def plot_env(ax, runs, env_id, reference, seed_lines=False):
         ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
         for row in values if seed_lines else []:
             ax.plot(grid, row, color=line.get_color(), linewidth=0.5, alpha=0.6)
-        published = [r for r in reference
-                     if r["algorithm"] == algorithm and r["env_id"] == env_id and int(r["step"]) <= 1.05 * last]
+        published = [
+            r
+            for r in reference
+            if r["algorithm"] == algorithm and r["env_id"] == env_id and int(r["step"]) <= 1.05 * last
+        ]
         for i, r in enumerate(published):
-            ax.errorbar(int(r["step"]), float(r["mean"]), yerr=float(r["std"] or 0), color=line.get_color(),
-                        marker="*", markersize=10, capsize=3, linestyle="none",
-                        label=f"{algorithm}, published (mean, sd)" if i == 0 else None)
+            ax.errorbar(
+                int(r["step"]),
+                float(r["mean"]),
+                yerr=float(r["std"] or 0),
+                color=line.get_color(),
+                marker="*",
+                markersize=10,
+                capsize=3,
+                linestyle="none",
+                label=f"{algorithm}, published (mean, sd)" if i == 0 else None,
+            )
     ax.set(xlabel="env steps", ylabel="evaluation return")
     ax.set_title(f"{env_id}: mean over seeds, shaded from lowest to highest", fontsize="medium")
     ax.legend(fontsize="small")
@@ -216,13 +270,17 @@ def curves(runs, out_dir, reference=None, seed_lines=False):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("directories", nargs="+", help="sweep directories (holding runs/) or folders of runs")
     parser.add_argument("--steps", nargs="+", type=int, default=[300_000, 1_000_000], help="the steps of the tables")
     parser.add_argument("--iqm", action="store_true", help="interquartile mean over seeds instead of the mean")
-    parser.add_argument("--out", default="report", help="folder for report.md and the PNGs (benchmark/results/... "
-                        "to add them to the project's results)")
+    parser.add_argument(
+        "--out",
+        default="report",
+        help="folder for report.md and the PNGs (benchmark/results/... to add them to the project's results)",
+    )
     parser.add_argument("--no-plots", action="store_true", help="write the tables only")
     parser.add_argument("--seed-lines", action="store_true", help="draw each seed's curve as a thin line too")
     args = parser.parse_args(argv)
@@ -231,17 +289,25 @@ def main(argv=None):
         raise SystemExit(f"error: no runs with an evaluations.csv in {', '.join(args.directories)}")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     report = Path(args.out) / "report.md"
-    left_out = f"\n{len(runs.left_out)} runs could not be read and are left out (see the warnings).\n" if (
-        getattr(runs, "left_out", None)) else ""
-    report.write_text(f"# Returns from {', '.join(args.directories)}\n\n" + table(runs, args.steps, args.iqm)
-                      + left_out + "\n" + seed_table(runs))
+    left_out = (
+        f"\n{len(runs.left_out)} runs could not be read and are left out (see the warnings).\n"
+        if (getattr(runs, "left_out", None))
+        else ""
+    )
+    report.write_text(
+        f"# Returns from {', '.join(args.directories)}\n\n"
+        + table(runs, args.steps, args.iqm)
+        + left_out
+        + "\n"
+        + seed_table(runs)
+    )
     print(f"wrote {report}")
     if args.no_plots:
         return
     try:
         paths = curves(runs, args.out, seed_lines=args.seed_lines)
     except ImportError:
-        print("plots skipped: the learning curves need matplotlib (pip install \".[plot]\")")
+        print('plots skipped: the learning curves need matplotlib (pip install ".[plot]")')
         return
     for path in paths:
         print(f"wrote {path}")

@@ -13,6 +13,7 @@ graph's capture. Peak memory is the process's maximum resident set (CPU) and tor
     python benchmark/speed.py --scripts td3_continuous.py --devices cpu --updates 3000
     python benchmark/speed.py --devices cuda --modes eager compile cudagraphs compile+cudagraphs
 """
+
 import argparse
 import datetime
 import importlib.util
@@ -27,12 +28,21 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-WORKLOAD_ENV = {"td3_continuous.py": "Hopper-v4", "td7_continuous.py": "Hopper-v4", "sac_continuous.py": "Hopper-v4",
-                "sac_discrete.py": "CartPole-v1", "erl_td3.py": "Hopper-v4"}
+WORKLOAD_ENV = {
+    "td3_continuous.py": "Hopper-v4",
+    "td7_continuous.py": "Hopper-v4",
+    "sac_continuous.py": "Hopper-v4",
+    "sac_discrete.py": "CartPole-v1",
+    "erl_td3.py": "Hopper-v4",
+}
 
 
-MODE_FLAGS = {"eager": [], "compile": ["--compile"], "cudagraphs": ["--cudagraphs"],
-              "compile+cudagraphs": ["--compile", "--cudagraphs"]}
+MODE_FLAGS = {
+    "eager": [],
+    "compile": ["--compile"],
+    "cudagraphs": ["--cudagraphs"],
+    "compile+cudagraphs": ["--compile", "--cudagraphs"],
+}
 
 
 def steady_sps(points, start):
@@ -53,9 +63,23 @@ def child(script, device, updates, threads, mode="eager"):
     spec = importlib.util.spec_from_file_location(Path(script).stem, REPO / script)
     module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # torch.compile looks modules up by name
     spec.loader.exec_module(module)
-    flags = ["--env-id", WORKLOAD_ENV[script], "--batch-size", "256", "--learning-starts", "1000",
-             "--total-timesteps", str(1000 + updates), "--eval-freq", "0", "--eval-episodes", "1",
-             "--checkpoint-freq", "0", "--cuda" if device == "cuda" else "--no-cuda"]
+    flags = [
+        "--env-id",
+        WORKLOAD_ENV[script],
+        "--batch-size",
+        "256",
+        "--learning-starts",
+        "1000",
+        "--total-timesteps",
+        str(1000 + updates),
+        "--eval-freq",
+        "0",
+        "--eval-episodes",
+        "1",
+        "--checkpoint-freq",
+        "0",
+        "--cuda" if device == "cuda" else "--no-cuda",
+    ]
     flags += [] if threads is None else ["--torch-threads", str(threads)]
     flags += [] if script == "erl_td3.py" else ["--log-freq", "100"]  # ERL logs once per generation
     flags += MODE_FLAGS[mode]
@@ -63,9 +87,16 @@ def child(script, device, updates, threads, mode="eager"):
     events = EventAccumulator(summary["run_dir"], size_guidance={"scalars": 0})
     events.Reload()
     points = [(e.step, e.value) for e in events.Scalars("charts/SPS")]
-    print(json.dumps({"sps": points[-1][1], "steady_sps": steady_sps(points, 1000),
-                      "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "peak_cuda_mib": torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None}))
+    print(
+        json.dumps(
+            {
+                "sps": points[-1][1],
+                "steady_sps": steady_sps(points, 1000),
+                "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "peak_cuda_mib": torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None,
+            }
+        )
+    )
 
 
 def main():
@@ -75,10 +106,17 @@ def main():
     parser.add_argument("--modes", nargs="+", default=["eager"], choices=list(MODE_FLAGS))
     parser.add_argument("--updates", type=int, default=5000)
     parser.add_argument("--repeats", type=int, default=3, help="runs per script and device; the median is reported")
-    parser.add_argument("--threads", type=int, help="--torch-threads for the scripts (default: theirs, 1; 0: torch's "
-                        "default, one per core)")
-    parser.add_argument("--load", type=int, default=0, help="busy processes running beside the measurement, as on a "
-                        "shared machine (default: 0)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="--torch-threads for the scripts (default: theirs, 1; 0: torch's default, one per core)",
+    )
+    parser.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        help="busy processes running beside the measurement, as on a shared machine (default: 0)",
+    )
     parser.add_argument("--out", default=str(REPO / "benchmark" / "results" / "speed.md"))
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -91,29 +129,37 @@ def main():
     machine = torch.cuda.get_device_name() if "cuda" in devices else f"{platform.processor() or platform.machine()}"
     rows = []
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
-    for script, device, mode in [(s, d, m) for s in args.scripts for d in devices for m in args.modes
-                                 if d == "cuda" or "cudagraphs" not in m]:
+    for script, device, mode in [
+        (s, d, m) for s in args.scripts for d in devices for m in args.modes if d == "cuda" or "cudagraphs" not in m
+    ]:
         runs = []
         for _ in range(args.repeats):
-            out = subprocess.run([sys.executable, __file__, "--child", script, device, mode, "--updates",
-                                  str(args.updates), *threads],
-                                 capture_output=True, text=True, cwd=tempfile.mkdtemp())
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", script, device, mode, "--updates", str(args.updates), *threads],
+                capture_output=True,
+                text=True,
+                cwd=tempfile.mkdtemp(),
+            )
             if out.returncode:
                 sys.exit(f"{script} on {device} ({mode}) failed:\n{out.stderr[-2000:]}")
             runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
         sps, steady = sorted(m["sps"] for m in runs), statistics.median(m["steady_sps"] for m in runs)
         cuda = f"{max(m['peak_cuda_mib'] for m in runs):.0f}" if device == "cuda" else "-"
-        rows.append(f"| {script} | {device} | {mode} | {statistics.median(sps):.0f} | {sps[0]:.0f}-{sps[-1]:.0f} | "
-                    f"{steady:.0f} | {max(m['peak_rss_mib'] for m in runs):.0f} | {cuda} |")
+        rows.append(
+            f"| {script} | {device} | {mode} | {statistics.median(sps):.0f} | {sps[0]:.0f}-{sps[-1]:.0f} | "
+            f"{steady:.0f} | {max(m['peak_rss_mib'] for m in runs):.0f} | {cuda} |"
+        )
         print(rows[-1], flush=True)
     for process in busy:
         process.kill()
-    header = (f"\n## {datetime.date.today()}: {os.cpu_count()} cores, {machine}, torch {torch.__version__}, "
-              f"--torch-threads {'default' if args.threads is None else args.threads}, {args.load} busy processes "
-              f"beside, {args.updates} updates, "
-              f"median of {args.repeats} runs\n\n"
-              "| script | device | mode | steps/s (median) | range | steps/s steady (median) | peak RSS (MiB) | "
-              "peak CUDA (MiB) |\n|---|---|---|---|---|---|---|---|\n")
+    header = (
+        f"\n## {datetime.date.today()}: {os.cpu_count()} cores, {machine}, torch {torch.__version__}, "
+        f"--torch-threads {'default' if args.threads is None else args.threads}, {args.load} busy processes "
+        f"beside, {args.updates} updates, "
+        f"median of {args.repeats} runs\n\n"
+        "| script | device | mode | steps/s (median) | range | steps/s steady (median) | peak RSS (MiB) | "
+        "peak CUDA (MiB) |\n|---|---|---|---|---|---|---|---|\n"
+    )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "a") as f:
         f.write(header + "\n".join(rows) + "\n")

@@ -22,6 +22,7 @@ With --slurm, the same runs become one `sbatch` job array: task i runs this file
 before the time limit, which makes the scripts write a checkpoint; with --requeue the task then starts again
 and resumes. --wait blocks until the whole array has finished.
 """
+
 import argparse
 import contextlib
 import csv
@@ -50,7 +51,7 @@ def run_dirs(runs_dir, env_id, exp_name, seed):
     prefix = f"{env_id.replace('/', '-').replace(':', '-')}__{exp_name}__{seed}__"
     runs_dir = Path(runs_dir)
     names = os.listdir(runs_dir) if runs_dir.is_dir() else []
-    return sorted(runs_dir / n for n in names if n.startswith(prefix) and re.fullmatch(r"\d+(-\d+)?", n[len(prefix):]))
+    return sorted(runs_dir / n for n in names if n.startswith(prefix) and re.fullmatch(r"\d+(-\d+)?", n[len(prefix) :]))
 
 
 def finished(run):
@@ -82,11 +83,22 @@ def start_run(script, env_id, seed, flags, threads, directory, logs, checkpoint=
     session of its own: a signal reaches it only when the sweep passes it on."""
     log = Path(logs) / f"{exp_name_of(script, flags)}__{env_id.replace('/', '-')}__{seed}.log"
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    cmd = [sys.executable, str(REPO / script), "--env-id", env_id, "--seed", str(seed), "--torch-threads", str(threads),
-           *flags, *(["--resume", str(Path(checkpoint).resolve())] if checkpoint else [])]
+    cmd = [
+        sys.executable,
+        str(REPO / script),
+        "--env-id",
+        env_id,
+        "--seed",
+        str(seed),
+        "--torch-threads",
+        str(threads),
+        *flags,
+        *(["--resume", str(Path(checkpoint).resolve())] if checkpoint else []),
+    ]
     with open(log, "a" if checkpoint else "w") as out:
-        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=directory,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=directory, start_new_session=True
+        )
     return process, log
 
 
@@ -133,9 +145,11 @@ def run_local(args, flags, runs):
         else:
             todo.append((env_id, seed, checkpoint))
     status = Status(len(todo))
-    status.say(f"{len(todo)} runs to do ({sum(c is not None for *_, c in todo)} resumed), {skipped} already "
-               f"finished; {args.workers} at a time, {args.threads} torch thread{'s' if args.threads > 1 else ''} "
-               f"each; logs in {Path(args.logs).resolve()}")
+    status.say(
+        f"{len(todo)} runs to do ({sum(c is not None for *_, c in todo)} resumed), {skipped} already "
+        f"finished; {args.workers} at a time, {args.threads} torch thread{'s' if args.threads > 1 else ''} "
+        f"each; logs in {Path(args.logs).resolve()}"
+    )
     if args.dry_run:
         return
     stop = []  # the signal that stops the sweep, once one arrives
@@ -145,11 +159,14 @@ def run_local(args, flags, runs):
         while (todo and not stop) or running:
             while todo and not stop and len(running) < args.workers:
                 env_id, seed, checkpoint = todo.pop(0)
-                running[env_id, seed] = start_run(args.script, env_id, seed, flags, args.threads, args.dir, args.logs,
-                                                  checkpoint)
+                running[env_id, seed] = start_run(
+                    args.script, env_id, seed, flags, args.threads, args.dir, args.logs, checkpoint
+                )
             if stop and not any(getattr(p, "signalled", False) for p, _ in running.values()):
-                status.say(f"{signal.Signals(stop[0]).name}: passing it to the {len(running)} running runs, which "
-                           "write their checkpoints; nothing new starts")
+                status.say(
+                    f"{signal.Signals(stop[0]).name}: passing it to the {len(running)} running runs, which "
+                    "write their checkpoints; nothing new starts"
+                )
                 for process, _ in running.values():
                     process.send_signal(stop[0])
                     process.signalled = True
@@ -173,8 +190,11 @@ def run_local(args, flags, runs):
     if status.tty:
         print()
     if stop:
-        print(f"sweep stopped by {signal.Signals(stop[0]).name}: {done} done, {len(failed) } failed, "
-              f"{len(todo)} not started; start it again to go on", file=sys.stderr)
+        print(
+            f"sweep stopped by {signal.Signals(stop[0]).name}: {done} done, {len(failed)} failed, "
+            f"{len(todo)} not started; start it again to go on",
+            file=sys.stderr,
+        )
         sys.exit(128 + stop[0])
     if failed:
         sys.exit(f"{len(failed)} of {len(failed) + done} runs failed: " + ", ".join(f"{e} seed {s}" for e, s in failed))
@@ -196,21 +216,29 @@ def slurm_job(args, flags, runs):
     """The sbatch script of the job array: task i runs the i-th (env, seed) through this file in local mode."""
     exp_name = exp_name_of(args.script, flags)
     logs = Path(args.logs).resolve()
-    directives = [f"--job-name={exp_name}", f"--array=0-{len(runs) - 1}%{args.max_parallel}" if args.max_parallel
-                  else f"--array=0-{len(runs) - 1}", f"--time={args.time}", f"--cpus-per-task={args.cpus_per_task}",
-                  f"--mem={args.mem}", f"--output={logs}/slurm-%A_%a.out",
-                  f"--signal=TERM@{args.signal_before}"]  # SIGTERM before the limit: the run checkpoints
+    directives = [
+        f"--job-name={exp_name}",
+        f"--array=0-{len(runs) - 1}%{args.max_parallel}" if args.max_parallel else f"--array=0-{len(runs) - 1}",
+        f"--time={args.time}",
+        f"--cpus-per-task={args.cpus_per_task}",
+        f"--mem={args.mem}",
+        f"--output={logs}/slurm-%A_%a.out",
+        f"--signal=TERM@{args.signal_before}",
+    ]  # SIGTERM before the limit: the run checkpoints
     directives += [f"--gres=gpu:{args.gpus}"] if args.gpus else []
     directives += [f"--partition={args.partition}"] if args.partition else []
     directives += ["--requeue"] if args.requeue else []
     directives += args.sbatch_arg
     lines = ["#!/usr/bin/env bash"] + [f"#SBATCH {d}" for d in directives]
-    lines += [f"ENVS=({' '.join(shlex.quote(e) for e, _ in runs)})", f"SEEDS=({' '.join(str(s) for _, s in runs)})",
-              f"exec {shlex.quote(sys.executable)} {shlex.quote(str(Path(__file__).resolve()))} "
-              f"{shlex.quote(args.script)} --envs \"${{ENVS[$SLURM_ARRAY_TASK_ID]}}\" "
-              f"--seeds \"${{SEEDS[$SLURM_ARRAY_TASK_ID]}}\" --workers 1 --threads {args.cpus_per_task} --slurm-task "
-              f"--dir {shlex.quote(str(Path(args.dir).resolve()))} --logs {shlex.quote(str(logs))} -- "
-              + " ".join(shlex.quote(f) for f in flags)]
+    lines += [
+        f"ENVS=({' '.join(shlex.quote(e) for e, _ in runs)})",
+        f"SEEDS=({' '.join(str(s) for _, s in runs)})",
+        f"exec {shlex.quote(sys.executable)} {shlex.quote(str(Path(__file__).resolve()))} "
+        f'{shlex.quote(args.script)} --envs "${{ENVS[$SLURM_ARRAY_TASK_ID]}}" '
+        f'--seeds "${{SEEDS[$SLURM_ARRAY_TASK_ID]}}" --workers 1 --threads {args.cpus_per_task} --slurm-task '
+        f"--dir {shlex.quote(str(Path(args.dir).resolve()))} --logs {shlex.quote(str(logs))} -- "
+        + " ".join(shlex.quote(f) for f in flags),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -224,8 +252,9 @@ def run_slurm(args, flags, runs):
         sys.exit("error: --slurm needs Slurm's sbatch on the PATH; without it, leave --slurm out to run here")
     job_file = Path(args.logs) / f"{exp_name}.sbatch"
     job_file.write_text(slurm_job(args, flags, todo))
-    result = subprocess.run(["sbatch", "--parsable", *(["--wait"] if args.wait else []), str(job_file)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        ["sbatch", "--parsable", *(["--wait"] if args.wait else []), str(job_file)], capture_output=True, text=True
+    )
     job_id = result.stdout.strip().split(";")[0]
     if result.returncode and not job_id:
         sys.exit(f"sbatch failed: {result.stderr.strip()}")
@@ -233,26 +262,40 @@ def run_slurm(args, flags, runs):
     if args.wait:
         missing = [(e, s) for e, s in todo if state_of(Path(args.dir) / "runs", e, exp_name, s)[0] != "finished"]
         if missing or result.returncode:
-            sys.exit(f"{len(missing)} of {len(todo)} runs did not finish: " +
-                     ", ".join(f"{e} seed {s}" for e, s in missing) + f" (see {args.logs}/slurm-{job_id}_*.out)")
+            sys.exit(
+                f"{len(missing)} of {len(todo)} runs did not finish: "
+                + ", ".join(f"{e} seed {s}" for e, s in missing)
+                + f" (see {args.logs}/slurm-{job_id}_*.out)"
+            )
         print(f"all {len(todo)} runs finished", flush=True)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="%(prog)s SCRIPT [options] [-- FLAGS FOR EVERY RUN]",
         epilog="Flags after `--` go to every run, e.g.:\n  python benchmark/sweep.py td3_continuous.py "
-               "--envs Hopper-v4 --seeds 1 2 3 -- --total-timesteps 100000")
+        "--envs Hopper-v4 --seeds 1 2 3 -- --total-timesteps 100000",
+    )
     parser.add_argument("script", help="e.g. td3_continuous.py")
-    parser.add_argument("--envs", nargs="+", help=f"env ids, or sets: {', '.join(ENV_SETS)} (default: classic for "
-                        "sac_discrete.py, mujoco for the others)")
+    parser.add_argument(
+        "--envs",
+        nargs="+",
+        help=f"env ids, or sets: {', '.join(ENV_SETS)} (default: classic for sac_discrete.py, mujoco for the others)",
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="default: 1 2 3")
-    parser.add_argument("--workers", type=int, help="local runs at a time (default: the CPUs this process may use, "
-                        "divided by --threads)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        help="local runs at a time (default: the CPUs this process may use, divided by --threads)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
-    parser.add_argument("--dir", help="the sweep's directory, which holds its runs/ and logs/ (default: "
-                        "sweeps/{exp_name}); runs outside it are never skipped, resumed or reported with it")
+    parser.add_argument(
+        "--dir",
+        help="the sweep's directory, which holds its runs/ and logs/ (default: "
+        "sweeps/{exp_name}); runs outside it are never skipped, resumed or reported with it",
+    )
     parser.add_argument("--dry-run", action="store_true", help="say what would run, and run nothing")
     parser.add_argument("--logs", help="the runs' logs and Slurm's output (default: {dir}/logs)")
     slurm = parser.add_argument_group("Slurm (with --slurm)")
@@ -269,12 +312,13 @@ def main(argv=None):
     slurm.add_argument("--slurm-task", action="store_true", help=argparse.SUPPRESS)  # set in the job array's tasks
     slurm.add_argument("--sbatch-arg", action="append", default=[], help="one more sbatch directive, e.g. --qos=long")
     argv = sys.argv[1:] if argv is None else argv
-    flags = argv[argv.index("--") + 1:] if "--" in argv else []
+    flags = argv[argv.index("--") + 1 :] if "--" in argv else []
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     if not (REPO / args.script).is_file():
         parser.error(f"no script {args.script} in {REPO}")
     cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", 0)) or (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    )
     if args.threads < 1:
         parser.error("--threads must be positive")
     args.workers = max(1, cpus // args.threads) if args.workers is None else args.workers

@@ -1,4 +1,5 @@
 """Helpers shared by the tests: how to run a script in-process or through its real command line."""
+
 import importlib
 import os
 import subprocess
@@ -11,16 +12,35 @@ import tyro
 
 REPO = Path(__file__).resolve().parent.parent
 # A few hundred steps with updates, checkpoints and one short evaluation: every code path, in seconds.
-TINY = ["--total-timesteps", "400", "--learning-starts", "200", "--batch-size", "32", "--buffer-size", "1000",
-        "--eval-freq", "200", "--eval-episodes", "2", "--checkpoint-freq", "200", "--no-cuda", "--torch-threads", "1"]
+TINY = [
+    "--total-timesteps",
+    "400",
+    "--learning-starts",
+    "200",
+    "--batch-size",
+    "32",
+    "--buffer-size",
+    "1000",
+    "--eval-freq",
+    "200",
+    "--eval-episodes",
+    "2",
+    "--checkpoint-freq",
+    "200",
+    "--no-cuda",
+    "--torch-threads",
+    "1",
+]
 CONTINUOUS_SCRIPTS = ["td3_continuous", "td7_continuous", "sac_continuous", "erl_td3"]
 # Each script with its default env; the common tests run over all of them.
 DEFAULT_ENV = {**{script: "Hopper-v4" for script in CONTINUOUS_SCRIPTS}, "sac_discrete": "CartPole-v1"}
 SCRIPTS = list(DEFAULT_ENV)
 # How a script runs two training envs at once (TD7's checkpoints judge whole episodes of one policy; ERL has one
 # env per individual).
-TWO_ENV_FLAGS = {"td7_continuous": ["--num-envs", "2", "--no-checkpoints"],
-                 "erl_td3": ["--pop-size", "2", "--num-elites", "1"]}
+TWO_ENV_FLAGS = {
+    "td7_continuous": ["--num-envs", "2", "--no-checkpoints"],
+    "erl_td3": ["--pop-size", "2", "--num-elites", "1"],
+}
 
 
 def flags_with(flags, **overrides):
@@ -46,8 +66,14 @@ def cli_env():
 
 def run_cli(script, flags, cwd, timeout=900):
     """Run `python {script}.py {flags}` in `cwd`, as a user would; returns the CompletedProcess."""
-    return subprocess.run([sys.executable, str(REPO / f"{script}.py"), *flags], cwd=cwd, env=cli_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(REPO / f"{script}.py"), *flags],
+        cwd=cwd,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def run_main(script, flags, cwd, monkeypatch):

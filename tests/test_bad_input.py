@@ -2,6 +2,7 @@
 flag or file, a non-zero exit, no traceback, no run directory and nothing on disk changed. Most cases run
 in-process (they fail before the first env step, so they are fast); tyro's parse errors and one case of each
 kind also run through the real command line."""
+
 import json
 import shutil
 from dataclasses import fields
@@ -24,8 +25,10 @@ COMMON = {
     "garbage resume": (["--resume", "garbage.pt"], "cannot read --resume file garbage.pt"),
     "model as resume": (["--resume", "{model}"], "is not a checkpoint.pt"),
     "mismatched resume": (["--resume", "{resume}", "--batch-size", "64"], "was made with --batch-size 32, not 64"),
-    "resume without steps left": (["--resume", "{resume}", "--total-timesteps", "400"],
-                                  "--total-timesteps 400 is not beyond"),
+    "resume without steps left": (
+        ["--resume", "{resume}", "--total-timesteps", "400"],
+        "--total-timesteps 400 is not beyond",
+    ),
     "runs is a file": (["--env-id", "{env}"], "runs"),
     "cudagraphs without a GPU": (["--cudagraphs"], "--cudagraphs needs a GPU: --no-cuda is set"),
 }
@@ -37,8 +40,10 @@ LIFECYCLE = {
     "exp name too long": (["--exp-name", "x" * 300], "must be a plain file name of 1-100"),
     "empty resume": (["--resume", ""], "--resume needs the path"),
     "too many evaluation episodes": (["--eval-episodes", "1000000000"], "--eval-episodes must be at most 1000"),
-    "batch larger than memory": (["--batch-size", "100000000", "--buffer-size", "100000000"],
-                                 "lower --buffer-size or --batch-size"),
+    "batch larger than memory": (
+        ["--batch-size", "100000000", "--buffer-size", "100000000"],
+        "lower --buffer-size or --batch-size",
+    ),
     "track without a wandb key": (["--track"], "--track needs a wandb key"),
 }
 ODD_ACTIONS = {  # action spaces that were accepted and then sent wrong actions
@@ -48,37 +53,52 @@ ODD_ACTIONS = {  # action spaces that were accepted and then sent wrong actions
 LIFECYCLE_SCRIPTS = SCRIPTS
 OWN = {
     "td3_continuous": {"wrong action space": (["--env-id", "CartPole-v1"], "Discrete action space")},
-    "sac_continuous": {"wrong action space": (["--env-id", "CartPole-v1"], "Discrete action space"),
-                       "one critic": (["--num-critics", "1"], "--num-critics must be at least 2")},
-    "sac_discrete": {"wrong action space": (["--env-id", "Pendulum-v1"], "Box action space"),
-                     "ratio of one": (["--target-entropy-ratio", "1.0"], "--target-entropy-ratio must lie in (0, 1)"),
-                     "cudagraphs with images": (["--env-id", "PongNoFrameskip-v4", "--cudagraphs", "--cuda"],
-                                                "--cudagraphs"),
-                     "atari replay larger than memory": (["--env-id", "PongNoFrameskip-v4", "--buffer-size",
-                                                          "10000000"], "lower --buffer-size")},
-    "td7_continuous": {"wrong action space": (["--env-id", "CartPole-v1"], "Discrete action space"),
-                       "reset weight zero": (["--reset-weight", "0"], "--reset-weight must be positive"),
-                       "reset weight above one": (["--reset-weight", "1.5"], "--reset-weight must lie in [0, 1]"),
-                       "offline without dataset": (["--offline"], "--offline needs --dataset"),
-                       "dataset without offline": (["--dataset", "data.npz"], "--dataset is only read with --offline"),
-                       "ignored offline flag": (["--offline", "--dataset", "data.npz", "--learning-starts", "10"],
-                                                "--learning-starts has no effect with --offline"),
-                       "missing dataset": (["--offline", "--dataset", "missing.npz"], "cannot read --dataset"),
-                       "empty dataset": (["--offline", "--dataset", "empty.npz"], "holds no transitions"),
-                       "dataset of the wrong env": (["--offline", "--dataset", "narrow.npz"], "observations has shape"),
-                       "non-finite dataset": (["--offline", "--dataset", "nan.npz"], "rewards holds a non-finite"),
-                       "several envs with checkpoints": (["--num-envs", "2"], "--num-envs above 1 needs")},
-    "erl_td3": {"wrong action space": (["--env-id", "CartPole-v1"], "Discrete action space"),
-                "elites crowd out learners": (["--num-elites", "10"], "exceed --pop-size"),
-                "no elite": (["--num-elites", "0"], "--num-elites must be positive"),
-                "learning starts beyond the buffer": (["--learning-starts", "300", "--buffer-size", "200"],
-                                                      "--learning-starts 300"),
-                "probability above one": (["--mutation-prob", "1.5"], "--mutation-prob must lie in [0, 1]")},
+    "sac_continuous": {
+        "wrong action space": (["--env-id", "CartPole-v1"], "Discrete action space"),
+        "one critic": (["--num-critics", "1"], "--num-critics must be at least 2"),
+    },
+    "sac_discrete": {
+        "wrong action space": (["--env-id", "Pendulum-v1"], "Box action space"),
+        "ratio of one": (["--target-entropy-ratio", "1.0"], "--target-entropy-ratio must lie in (0, 1)"),
+        "cudagraphs with images": (["--env-id", "PongNoFrameskip-v4", "--cudagraphs", "--cuda"], "--cudagraphs"),
+        "atari replay larger than memory": (
+            ["--env-id", "PongNoFrameskip-v4", "--buffer-size", "10000000"],
+            "lower --buffer-size",
+        ),
+    },
+    "td7_continuous": {
+        "wrong action space": (["--env-id", "CartPole-v1"], "Discrete action space"),
+        "reset weight zero": (["--reset-weight", "0"], "--reset-weight must be positive"),
+        "reset weight above one": (["--reset-weight", "1.5"], "--reset-weight must lie in [0, 1]"),
+        "offline without dataset": (["--offline"], "--offline needs --dataset"),
+        "dataset without offline": (["--dataset", "data.npz"], "--dataset is only read with --offline"),
+        "ignored offline flag": (
+            ["--offline", "--dataset", "data.npz", "--learning-starts", "10"],
+            "--learning-starts has no effect with --offline",
+        ),
+        "missing dataset": (["--offline", "--dataset", "missing.npz"], "cannot read --dataset"),
+        "empty dataset": (["--offline", "--dataset", "empty.npz"], "holds no transitions"),
+        "dataset of the wrong env": (["--offline", "--dataset", "narrow.npz"], "observations has shape"),
+        "non-finite dataset": (["--offline", "--dataset", "nan.npz"], "rewards holds a non-finite"),
+        "several envs with checkpoints": (["--num-envs", "2"], "--num-envs above 1 needs"),
+    },
+    "erl_td3": {
+        "wrong action space": (["--env-id", "CartPole-v1"], "Discrete action space"),
+        "elites crowd out learners": (["--num-elites", "10"], "exceed --pop-size"),
+        "no elite": (["--num-elites", "0"], "--num-elites must be positive"),
+        "learning starts beyond the buffer": (
+            ["--learning-starts", "300", "--buffer-size", "200"],
+            "--learning-starts 300",
+        ),
+        "probability above one": (["--mutation-prob", "1.5"], "--mutation-prob must lie in [0, 1]"),
+    },
 }
 CASES = [(script, case) for script in SCRIPTS for case in {**COMMON, **OWN[script]}]
 CASES += [(script, case) for script in LIFECYCLE_SCRIPTS for case in LIFECYCLE]
-CASES += [(script, "discrete actions not from 0" if script == "sac_discrete" else "matrix of actions")
-          for script in LIFECYCLE_SCRIPTS]
+CASES += [
+    (script, "discrete actions not from 0" if script == "sac_discrete" else "matrix of actions")
+    for script in LIFECYCLE_SCRIPTS
+]
 
 
 def float_flags(script):
@@ -98,8 +118,13 @@ def snapshot(directory):
 def prepare(tmp_path, script, tiny_runs):
     """The files the cases refer to: a garbage checkpoint, datasets, and a copy of the shared tiny run."""
     (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint")
-    dataset = {"observations": np.zeros((5, 11)), "actions": np.zeros((5, 3)), "rewards": np.zeros(5),
-               "next_observations": np.zeros((5, 11)), "terminals": np.zeros(5)}
+    dataset = {
+        "observations": np.zeros((5, 11)),
+        "actions": np.zeros((5, 3)),
+        "rewards": np.zeros(5),
+        "next_observations": np.zeros((5, 11)),
+        "terminals": np.zeros(5),
+    }
     np.savez(tmp_path / "data.npz", **dataset)
     np.savez(tmp_path / "empty.npz", **{k: v[:0] for k, v in dataset.items()})
     np.savez(tmp_path / "narrow.npz", **{**dataset, "observations": np.zeros((5, 3))})
@@ -110,8 +135,9 @@ def prepare(tmp_path, script, tiny_runs):
 
 
 def resolve(flags, run, script):
-    return [f.format(resume=run / "checkpoint.pt", model=run / "model.pt", run=run, env=DEFAULT_ENV[script])
-            for f in flags]
+    return [
+        f.format(resume=run / "checkpoint.pt", model=run / "model.pt", run=run, env=DEFAULT_ENV[script]) for f in flags
+    ]
 
 
 def assert_refused(stderr, expected, before, cwd):
@@ -152,12 +178,16 @@ def test_non_finite_float_flag(script, name, value, tmp_path, monkeypatch, capsy
     with pytest.raises(SystemExit) as exit_info:
         run_main(script, flags_with(TINY, **{name: value}), tmp_path, monkeypatch)
     message = str(exit_info.value.code)
-    assert_refused(message + "\n" + capsys.readouterr().err, f"--{name.replace('_', '-')} must be a finite", before,
-                   tmp_path)
+    assert_refused(
+        message + "\n" + capsys.readouterr().err, f"--{name.replace('_', '-')} must be a finite", before, tmp_path
+    )
 
 
-TYRO = {"misspelled flag": (["--sed", "3"], "--seed"), "not a number": (["--seed", "abc"], "--seed"),
-        "missing value": (["--learning-starts"], "--learning-starts")}
+TYRO = {
+    "misspelled flag": (["--sed", "3"], "--seed"),
+    "not a number": (["--seed", "abc"], "--seed"),
+    "missing value": (["--learning-starts"], "--learning-starts"),
+}
 
 
 @pytest.mark.parametrize("case", TYRO)
@@ -186,8 +216,14 @@ def test_two_runs_in_the_same_second_get_their_own_directories(tmp_path, monkeyp
     import td3_continuous
 
     monkeypatch.setattr(td3_continuous.time, "time", lambda: 1_800_000_000.0)
-    flags = flags_with(TINY, env_id=toy_env("td3_continuous", "Counter-v0"), total_timesteps=100, learning_starts=50,
-                       eval_freq=50, checkpoint_freq=100)
+    flags = flags_with(
+        TINY,
+        env_id=toy_env("td3_continuous", "Counter-v0"),
+        total_timesteps=100,
+        learning_starts=50,
+        eval_freq=50,
+        checkpoint_freq=100,
+    )
     first = run_main("td3_continuous", flags, tmp_path, monkeypatch)
     second = run_main("td3_continuous", flags_with(flags, batch_size=16), tmp_path, monkeypatch)
     assert first["run_dir"] != second["run_dir"]
@@ -203,8 +239,14 @@ def test_non_finite_observation_before_learning_is_named(script, tmp_path):
     """An env whose observation turns NaN at its 100th step, in the random phase: the run stops at once, naming the
     observation and its step, before the bad row could be learnt from."""
     learning_starts = 150 if script == "erl_td3" else 1500  # ERL: stored steps, at most --buffer-size 1000
-    flags = flags_with(TINY, env_id=toy_env(script, "CounterNanObs-v0"), total_timesteps=2000,
-                       learning_starts=learning_starts, checkpoint_freq=0, eval_freq=0)
+    flags = flags_with(
+        TINY,
+        env_id=toy_env(script, "CounterNanObs-v0"),
+        total_timesteps=2000,
+        learning_starts=learning_starts,
+        checkpoint_freq=0,
+        eval_freq=0,
+    )
     result = run_cli(script, flags, tmp_path, timeout=300)
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()

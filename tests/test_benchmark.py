@@ -1,6 +1,7 @@
 """The benchmark tools: benchmark/sweep.py in local mode (runs in parallel, keeps going past a failing run and
 reports it, skips finished runs, resumes unfinished ones) and as a Slurm job array on a real single-node cluster,
 and benchmark/report.py on synthetic evaluation files."""
+
 import csv
 import json
 import math
@@ -18,14 +19,42 @@ from benchmark import report
 from tests.conftest import REPO, cli_env, flags_with
 
 SWEEP = "sweeps/td3_continuous"  # the default directory of a td3_continuous.py sweep, below the sweep's cwd
-FLAGS = ["--", "--total-timesteps", "300", "--learning-starts", "100", "--batch-size", "32", "--eval-episodes", "1",
-         "--no-cuda", "--checkpoint-freq", "0"]
+FLAGS = [
+    "--",
+    "--total-timesteps",
+    "300",
+    "--learning-starts",
+    "100",
+    "--batch-size",
+    "32",
+    "--eval-episodes",
+    "1",
+    "--no-cuda",
+    "--checkpoint-freq",
+    "0",
+]
 
 
 def sweep(cwd, envs, *options, flags=FLAGS, timeout=300):
-    return subprocess.run([sys.executable, str(REPO / "benchmark" / "sweep.py"), "td3_continuous.py", "--envs", *envs,
-                           "--seeds", "1", "2", *(options or ["--workers", "2"]), *flags], cwd=cwd, env=cli_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmark" / "sweep.py"),
+            "td3_continuous.py",
+            "--envs",
+            *envs,
+            "--seeds",
+            "1",
+            "2",
+            *(options or ["--workers", "2"]),
+            *flags,
+        ],
+        cwd=cwd,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_sweep_reports_failures_and_skips_finished_runs(tmp_path):
@@ -64,30 +93,57 @@ def test_stopping_a_sweep(signum, tmp_path):
     name = f"stopped{tmp_path.name}"  # in every run's command line: how to find a run left behind
     flags = flags_with(FLAGS, total_timesteps=10**6, checkpoint_freq=0, eval_freq=0, exp_name=name)
     options = ["--envs", "tests.toy_envs:Counter-v0", "--workers", "2", "--dir", "s", *flags]
-    proc = subprocess.Popen([sys.executable, str(REPO / "benchmark" / "sweep.py"), "td3_continuous.py", "--seeds", "1",
-                             "2", "3", *options], cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "benchmark" / "sweep.py"), "td3_continuous.py", "--seeds", "1", "2", "3", *options],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     logs = [tmp_path / f"s/logs/{name}__tests.toy_envs:Counter-v0__{seed}.log" for seed in (1, 2)]
     deadline = time.time() + 120
     while not all(log.exists() and "steps/s" in log.read_text() for log in logs) and time.time() < deadline:
         time.sleep(0.2)
-    second = subprocess.run([sys.executable, str(REPO / "benchmark" / "sweep.py"), "td3_continuous.py", *options],
-                            cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=60)
+    second = subprocess.run(
+        [sys.executable, str(REPO / "benchmark" / "sweep.py"), "td3_continuous.py", *options],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert second.returncode == 1
     assert second.stderr.startswith(f"error: another sweep works in s: process {proc.pid}"), second.stderr
     proc.send_signal(signum)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signum, stdout + stderr
     assert "Traceback" not in stdout + stderr
-    assert stderr.strip().splitlines() == [f"sweep stopped by {signal.Signals(signum).name}: 0 done, 0 failed, 1 not "
-                                           "started; start it again to go on"]
+    assert stderr.strip().splitlines() == [
+        f"sweep stopped by {signal.Signals(signum).name}: 0 done, 0 failed, 1 not started; start it again to go on"
+    ]
     runs = sorted((tmp_path / "s" / "runs").iterdir())
     assert len(runs) == 2
     assert all((run / "checkpoint.pt").exists() for run in runs)
     assert subprocess.run(["pgrep", "-f", name], capture_output=True).returncode == 1, "a run outlived its sweep"
-    again = subprocess.run([sys.executable, str(REPO / "benchmark" / "sweep.py"), "td3_continuous.py", "--seeds", "1",
-                            "2", "3", "--dry-run", *options], cwd=tmp_path, env=cli_env(), capture_output=True,
-                           text=True, timeout=60)
+    again = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmark" / "sweep.py"),
+            "td3_continuous.py",
+            "--seeds",
+            "1",
+            "2",
+            "3",
+            "--dry-run",
+            *options,
+        ],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "3 runs to do (2 resumed), 0 already finished" in again.stdout, again.stdout
 
 
@@ -95,8 +151,10 @@ def test_sweep_matches_names_literally_and_refuses_what_it_cannot_use(tmp_path):
     """An exp name holding glob characters finds its own runs and no other experiment's; a --dir that is a file, and
     --slurm without sbatch, are one error line each."""
     star = flags_with(FLAGS, exp_name="a*")
-    assert sweep(tmp_path, ["tests.toy_envs:Counter-v0"], "--dir", "s", flags=flags_with(FLAGS, exp_name="ab")
-                 ).returncode == 0
+    assert (
+        sweep(tmp_path, ["tests.toy_envs:Counter-v0"], "--dir", "s", flags=flags_with(FLAGS, exp_name="ab")).returncode
+        == 0
+    )
     result = sweep(tmp_path, ["tests.toy_envs:Counter-v0"], "--dir", "s", "--dry-run", flags=star)
     assert "2 runs to do (0 resumed), 0 already finished" in result.stdout, result.stdout
     brackets = flags_with(FLAGS, exp_name="abl[1]")
@@ -104,11 +162,18 @@ def test_sweep_matches_names_literally_and_refuses_what_it_cannot_use(tmp_path):
     result = sweep(tmp_path, ["tests.toy_envs:Counter-v0"], "--dir", "s", "--dry-run", flags=brackets)
     assert "0 runs to do (0 resumed), 2 already finished" in result.stdout, result.stdout
     (tmp_path / "file").write_text("")
-    for options, expected in [(["--dir", "file"], "error: cannot use file as a sweep directory"),
-                              (["--slurm", "--dir", "t"], "error: --slurm needs Slurm's sbatch")]:
-        result = subprocess.run([sys.executable, str(REPO / "benchmark" / "sweep.py"), "td3_continuous.py", *options],
-                                cwd=tmp_path, env={**cli_env(), "PATH": os.path.dirname(sys.executable)},
-                                capture_output=True, text=True, timeout=60)
+    for options, expected in [
+        (["--dir", "file"], "error: cannot use file as a sweep directory"),
+        (["--slurm", "--dir", "t"], "error: --slurm needs Slurm's sbatch"),
+    ]:
+        result = subprocess.run(
+            [sys.executable, str(REPO / "benchmark" / "sweep.py"), "td3_continuous.py", *options],
+            cwd=tmp_path,
+            env={**cli_env(), "PATH": os.path.dirname(sys.executable)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert result.returncode == 1
         assert result.stderr.strip() == result.stderr.strip().splitlines()[0], result.stderr
         assert result.stderr.startswith(expected), result.stderr
@@ -125,8 +190,19 @@ def test_sweep_on_slurm(tmp_path):
         if os.environ.get("CI"):
             pytest.fail("no Slurm cluster answers; .ci/run starts one with .ci/slurm-up")
         pytest.skip("no Slurm cluster here (bash .ci/slurm-up starts a single-node one)")
-    result = sweep(tmp_path, ["tests.toy_envs:Counter-v0"], "--slurm", "--time", "10", "--cpus-per-task", "1",
-                   "--mem", "1G", "--wait", timeout=600)
+    result = sweep(
+        tmp_path,
+        ["tests.toy_envs:Counter-v0"],
+        "--slurm",
+        "--time",
+        "10",
+        "--cpus-per-task",
+        "1",
+        "--mem",
+        "1G",
+        "--wait",
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "all 2 runs finished" in result.stdout
     assert "#SBATCH --array=0-1" in (tmp_path / SWEEP / "logs/td3_continuous.sbatch").read_text()
@@ -159,8 +235,17 @@ def test_report_numbers_and_plot(tmp_path):
     write_run(runs, "td3_continuous", "Hopper-v4", 3, [(100, 1), (200, 60), (300, 99)])
     write_run(runs, "td3_continuous", "Hopper-v4", 4, [(100, 7)])
     write_run(runs, "td3_continuous", "Hopper-v4", 5, [(250, 1000)])  # no evaluation at or before 200: not counted
-    reference = [{"algorithm": "td3_continuous", "env_id": "Hopper-v4", "step": "200", "mean": "3135", "std": "360",
-                  "measure": "training return", "source": "CleanRL"}]
+    reference = [
+        {
+            "algorithm": "td3_continuous",
+            "env_id": "Hopper-v4",
+            "step": "200",
+            "mean": "3135",
+            "std": "360",
+            "measure": "training return",
+            "source": "CleanRL",
+        }
+    ]
     text = report.table(report.read_runs(runs), [200], reference=reference)
     half = 4.303 * np.std([10, 20, 60], ddof=1) / math.sqrt(3)
     interval = f"[{30 - half:.1f}, {30 + half:.1f}]"
@@ -185,17 +270,35 @@ def test_each_seeds_last_and_best_evaluation(tmp_path):
 
 def test_reference_file_is_complete():
     rows = report.read_reference()
-    assert {r["algorithm"] for r in rows} == {"td3_continuous", "td7_continuous", "sac_continuous", "sac_discrete",
-                                               "erl_td3"}
+    assert {r["algorithm"] for r in rows} == {
+        "td3_continuous",
+        "td7_continuous",
+        "sac_continuous",
+        "sac_discrete",
+        "erl_td3",
+    }
     assert all(r["source"] and float(r["mean"]) == float(r["mean"]) for r in rows)
 
 
 def test_a_sweep_owns_its_directory(tmp_path):
     """An ad-hoc run of the same env and seed in ./runs, made with other flags, is neither resumed nor skipped by a
     sweep, which works in sweeps/td3_continuous/; the report reads only the directories it is given."""
-    ad_hoc = subprocess.run([sys.executable, str(REPO / "td3_continuous.py"), "--env-id", "tests.toy_envs:Counter-v0",
-                             "--seed", "1", *flags_with(FLAGS[1:], total_timesteps=150, checkpoint_freq=150)],
-                            cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300)
+    ad_hoc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "td3_continuous.py"),
+            "--env-id",
+            "tests.toy_envs:Counter-v0",
+            "--seed",
+            "1",
+            *flags_with(FLAGS[1:], total_timesteps=150, checkpoint_freq=150),
+        ],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ad_hoc.returncode == 0, ad_hoc.stderr
     result = sweep(tmp_path, ["tests.toy_envs:Counter-v0"])
     assert result.returncode == 0, result.stdout + result.stderr
@@ -262,8 +365,10 @@ def test_a_single_evaluation_is_drawn_as_a_point(tmp_path):
 def test_seed_lines_and_reference_markers(tmp_path):
     write_run(tmp_path, "td3_continuous", "Hopper-v4", 1, [(50_000, 300), (100_000, 600)])
     write_run(tmp_path, "td3_continuous", "Hopper-v4", 2, [(50_000, 500), (100_000, 900)])
-    reference = [{"algorithm": "td3_continuous", "env_id": "Hopper-v4", "step": step, "mean": mean, "std": std}
-                 for step, mean, std in [("100000", "659", "752"), ("1000000", "3564", "115")]]  # 1M: past the curves
+    reference = [
+        {"algorithm": "td3_continuous", "env_id": "Hopper-v4", "step": step, "mean": mean, "std": std}
+        for step, mean, std in [("100000", "659", "752"), ("1000000", "3564", "115")]
+    ]  # 1M: past the curves
     ax = plotted(report.read_runs(tmp_path), "Hopper-v4", reference, seed_lines=True)
     assert ax.get_legend().get_texts()[0].get_text() == "td3_continuous (2 seeds)"
     assert [line.get_ydata().tolist() for line in ax.lines[1:3]] == [[300, 600], [500, 900]]  # the thin seed lines
@@ -305,8 +410,12 @@ def test_report_sorts_drops_duplicates_and_names_what_it_leaves_out(tmp_path, mo
     assert len(warnings) == 6, warnings
     assert any("__1__0: 1 duplicated evaluation rows dropped" in w for w in warnings)
     assert any("__1__0: evaluation rows out of order" in w for w in warnings)
-    for seed, reason in [(2, "short or not a number"), (3, "short or not a number"), (4, "cannot read args.json"),
-                         (5, "args.json has no exp_name")]:
+    for seed, reason in [
+        (2, "short or not a number"),
+        (3, "short or not a number"),
+        (4, "cannot read args.json"),
+        (5, "args.json has no exp_name"),
+    ]:
         assert any(f"left out {runs}/Hopper-v4__td3_continuous__{seed}__0: " in w and reason in w for w in warnings)
     text = (tmp_path / "report" / "report.md").read_text()
     assert "| td3_continuous | Hopper-v4 | 30.0 | - | 1 |" in text

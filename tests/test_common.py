@@ -1,5 +1,6 @@
 """What every script must do the same way: outputs, resume, determinism, signals, the NaN guard, truncation
 handling, progress, wandb and video. Parametrised over the scripts (bad input: tests/test_bad_input.py)."""
+
 import csv
 import importlib
 import itertools
@@ -15,8 +16,19 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import (DEFAULT_ENV, REPO, SCRIPTS, TINY, TWO_ENV_FLAGS, cli_env, flags_with, load_checkpoint,
-                            run_cli, run_main, toy_env)
+from tests.conftest import (
+    DEFAULT_ENV,
+    REPO,
+    SCRIPTS,
+    TINY,
+    TWO_ENV_FLAGS,
+    cli_env,
+    flags_with,
+    load_checkpoint,
+    run_cli,
+    run_main,
+    toy_env,
+)
 
 pytestmark = pytest.mark.parametrize("script", SCRIPTS)
 
@@ -85,8 +97,14 @@ def test_resume_continues_identically(script, tmp_path, monkeypatch):
     # Evaluations every 100 steps: the half run's final one falls on the straight run's schedule.
     straight = straight_run(script, tmp_path / "a", monkeypatch, total_timesteps=steps, eval_freq=100)
     half = straight_run(script, tmp_path / "b", monkeypatch, total_timesteps=half_steps, eval_freq=100)
-    resumed = straight_run(script, tmp_path / "b", monkeypatch, total_timesteps=steps, eval_freq=100,
-                           resume=Path(half["run_dir"]) / "checkpoint.pt")
+    resumed = straight_run(
+        script,
+        tmp_path / "b",
+        monkeypatch,
+        total_timesteps=steps,
+        eval_freq=100,
+        resume=Path(half["run_dir"]) / "checkpoint.pt",
+    )
     assert half["global_step"] < steps
     assert resumed["run_dir"] == half["run_dir"]
     assert resumed["global_step"] == straight["global_step"] >= steps
@@ -95,16 +113,18 @@ def test_resume_continues_identically(script, tmp_path, monkeypatch):
         a.pop(key, None), b.pop(key, None)
     assert_same(a, b)
     assert read_evaluations(straight["run_dir"]) == [
-        {**row, "wall_time_s": s["wall_time_s"]} for row, s in zip(read_evaluations(resumed["run_dir"]),
-                                                                   read_evaluations(straight["run_dir"]))]
+        {**row, "wall_time_s": s["wall_time_s"]}
+        for row, s in zip(read_evaluations(resumed["run_dir"]), read_evaluations(straight["run_dir"]))
+    ]
 
 
 @pytest.mark.parametrize("env_id,terminate_at", [("Counter-v0", None), ("CounterTerminates-v0", 4)])
 def test_truncation_stores_true_final_obs(script, env_id, terminate_at, tmp_path, monkeypatch):
     """The counter env's observation is its step count: every stored next_obs must be obs + 1, also at the
     7-step time limit, and only a true termination is stored as terminal."""
-    flags = flags_with(TINY, env_id=toy_env(script, env_id), total_timesteps=60, learning_starts=50, batch_size=16,
-                       checkpoint_freq=60) + TWO_ENV_FLAGS.get(script, ["--num-envs", "2"])
+    flags = flags_with(
+        TINY, env_id=toy_env(script, env_id), total_timesteps=60, learning_starts=50, batch_size=16, checkpoint_freq=60
+    ) + TWO_ENV_FLAGS.get(script, ["--num-envs", "2"])
     run = run_main(script, flags, tmp_path, monkeypatch)
     rb = load_checkpoint(run["run_dir"])["state"]["rb"]
     # Every script's vector replay is one tensor of rows [obs, action, reward, terminated, next_obs].
@@ -118,8 +138,14 @@ def test_truncation_stores_true_final_obs(script, env_id, terminate_at, tmp_path
 
 def test_nonfinite_loss_stops_with_step(script, tmp_path):
     log_freq = {} if script == "erl_td3" else {"log_freq": 20}  # ERL checks at each generation's end
-    flags = flags_with(TINY, env_id=toy_env(script, "CounterInfReward-v0"), total_timesteps=2000, learning_starts=100,
-                       checkpoint_freq=0, **log_freq)
+    flags = flags_with(
+        TINY,
+        env_id=toy_env(script, "CounterInfReward-v0"),
+        total_timesteps=2000,
+        learning_starts=100,
+        checkpoint_freq=0,
+        **log_freq,
+    )
     result = run_cli(script, flags, tmp_path, timeout=300)
     assert result.returncode == 1
     line = result.stderr.strip().splitlines()[-1]
@@ -134,8 +160,14 @@ def test_sigterm_writes_checkpoint_and_resumes(script, tmp_path):
     """SIGTERM once training has begun (a progress line shows a step past --learning-starts 200) writes a
     checkpoint and exits with 128 + 15; --resume continues from the checkpoint's step."""
     flags = flags_with(TINY, total_timesteps=10**6, checkpoint_freq=0, eval_freq=100, eval_episodes=1)
-    proc = subprocess.Popen([sys.executable, str(REPO / f"{script}.py"), *flags], cwd=tmp_path, env=cli_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / f"{script}.py"), *flags],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     for line in proc.stdout:  # "step N/T | eval return ...", one line per evaluation
         if line.startswith("step ") and int(line.split()[1].split("/")[0]) > 200:
             break
@@ -212,8 +244,14 @@ def test_progress_after_resume(script, tmp_path, monkeypatch, capsys):
     half = straight_run(script, tmp_path, monkeypatch, total_timesteps=half_steps, eval_freq=100)
     fake_clock(importlib.import_module(script), monkeypatch)
     capsys.readouterr()
-    straight_run(script, tmp_path, monkeypatch, total_timesteps=steps, eval_freq=0,
-                 resume=Path(half["run_dir"]) / "checkpoint.pt")
+    straight_run(
+        script,
+        tmp_path,
+        monkeypatch,
+        total_timesteps=steps,
+        eval_freq=0,
+        resume=Path(half["run_dir"]) / "checkpoint.pt",
+    )
     line = next(line for line in capsys.readouterr().out.splitlines() if "steps/s" in line)
     sps, ups, last = re.search(r"\| (\d+) steps/s \| (\d+) updates/s \| last eval (.+) \| ETA", line).groups()
     assert int(ups) <= int(sps) + 1, line

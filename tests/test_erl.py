@@ -1,4 +1,5 @@
 """Unit tests of ERL's genetic operators, injection and batched population evaluation."""
+
 import signal
 import subprocess
 import sys
@@ -49,7 +50,7 @@ def test_mutation_respects_the_clip():
 def test_tournament_prefers_fitter_individuals():
     rank = np.arange(10)[::-1].copy()  # individual 9 is the best
     wins = np.bincount(erl_td3.tournament(rank, 100_000, 3, np.random.default_rng(0)), minlength=10) / 100_000
-    expected = [((i + 1) ** 3 - i ** 3) / 1000 for i in range(10)]  # P(the best of 3 draws is individual i)
+    expected = [((i + 1) ** 3 - i**3) / 1000 for i in range(10)]  # P(the best of 3 draws is individual i)
     assert np.allclose(wins, expected, atol=0.005)
     assert (np.diff(wins) > 0).all()
 
@@ -79,8 +80,9 @@ def test_genetic_step_copies_elites_keeps_winners_and_fills_the_rest_by_crossove
     mixed = 0
     for slot in children:
         for p, o in zip(weights + biases, old):
-            sources = [{j for j in parents if torch.equal(column, o[j][..., c])}
-                       for c, column in enumerate(columns(p, slot))]
+            sources = [
+                {j for j in parents if torch.equal(column, o[j][..., c])} for c, column in enumerate(columns(p, slot))
+            ]
             assert all(sources)  # each neuron comes from an elite or a winner
             mixed += len(set.intersection(*sources)) == 0  # no single parent gives all of its neurons
     assert mixed > 0
@@ -90,8 +92,9 @@ def test_elites_copies_are_spared_mutation():
     weights, biases = population(size=10)
     old = [p.clone() for p in weights + biases]
     fitness = np.arange(10.0)
-    copies, elites, _ = erl_td3.next_generation(weights, biases, fitness, erl_td3.Args(mutation_prob=1.0),
-                                                np.random.default_rng(0))
+    copies, elites, _ = erl_td3.next_generation(
+        weights, biases, fitness, erl_td3.Args(mutation_prob=1.0), np.random.default_rng(0)
+    )
     for copy, elite in zip(copies, elites):
         assert all(torch.equal(p[copy], o[elite]) for p, o in zip(weights + biases, old))
 
@@ -131,14 +134,15 @@ def test_mutation_only_variant_keeps_elites_in_place():
     old = [p.clone() for p in weights + biases]
     fitness = np.array([5.0, 1.0, 9.0, 3.0, 7.0, 0.0])
     args = erl_td3.Args(num_elites=2, mutation_prob=1.0, genetic_step="mutation-only")
-    copies, elites, winners = erl_td3.next_generation_mutation_only(weights, biases, fitness, args,
-                                                                     np.random.default_rng(0))
+    copies, elites, winners = erl_td3.next_generation_mutation_only(
+        weights, biases, fitness, args, np.random.default_rng(0)
+    )
     assert sorted(copies.tolist()) == [2, 4]
     for i in copies:
         assert all(torch.equal(p[i], o[i]) for p, o in zip(weights + biases, old))
     others = [i for i in range(6) if i not in copies]
     for slot, winner in zip(others, winners):  # each child: its winner's biases, and mutated weights
-        assert all(torch.equal(b[slot], o[winner]) for b, o in zip(biases, old[len(weights):]))
+        assert all(torch.equal(b[slot], o[winner]) for b, o in zip(biases, old[len(weights) :]))
 
 
 def test_injection_replaces_the_worst_but_never_an_elites_copy():
@@ -173,7 +177,7 @@ def test_population_forward_is_the_actor():
     obs = torch.randn(3, 5)
     together = erl_td3.population_forward(weights, biases, obs)
     for i, actor in enumerate(actors):
-        assert torch.allclose(together[i], actor(obs[i:i + 1])[0], atol=1e-6)
+        assert torch.allclose(together[i], actor(obs[i : i + 1])[0], atol=1e-6)
 
 
 def test_batched_population_evaluation_equals_one_at_a_time():
@@ -189,8 +193,9 @@ def test_batched_population_evaluation_equals_one_at_a_time():
     for i in range(5):
         env = gym.make("Pendulum-v1")
         env.reset(seed=100 + i)
-        alone, _ = erl_td3.run_episodes([w[i:i + 1] for w in weights], [b[i:i + 1] for b in biases], [env], 1, 0.0,
-                                        torch.device("cpu"))
+        alone, _ = erl_td3.run_episodes(
+            [w[i : i + 1] for w in weights], [b[i : i + 1] for b in biases], [env], 1, 0.0, torch.device("cpu")
+        )
         assert alone[0] == pytest.approx(batched[i], rel=1e-4)  # a batched matmul may round differently
     assert len(set(batched.tolist())) == 5  # five different actors, five different returns
 
@@ -198,8 +203,16 @@ def test_batched_population_evaluation_equals_one_at_a_time():
 def test_shared_critic(tmp_path, monkeypatch):
     """--shared-critic with two learners: two actors and one critic, which takes one Adam step per update step (on
     the mean of the two learners' losses, as EvoRL)."""
-    flags = flags_with(TINY, env_id="Pendulum-v1", total_timesteps=1200, learning_starts=400, pop_size=3,
-                       num_elites=1, num_rl_agents=2, eval_freq=0) + ["--shared-critic"]
+    flags = flags_with(
+        TINY,
+        env_id="Pendulum-v1",
+        total_timesteps=1200,
+        learning_starts=400,
+        pop_size=3,
+        num_elites=1,
+        num_rl_agents=2,
+        eval_freq=0,
+    ) + ["--shared-critic"]
     run = run_main("erl_td3", flags, tmp_path, monkeypatch)
     checkpoint = load_checkpoint(run["run_dir"])
     assert {"qf_0", "actor_0", "actor_1"} <= checkpoint["state"].keys()
@@ -213,8 +226,17 @@ def test_shared_critic(tmp_path, monkeypatch):
 def test_learners_are_injected_only_once_they_have_trained(tmp_path, monkeypatch):
     """Pendulum, a population of 3 and a learner: a generation is 800 steps. Updates start in the second (1400
     stored steps), so the first injection follows it and the first fate is counted in the third genetic step."""
-    flags = flags_with(TINY, env_id="Pendulum-v1", total_timesteps=3200, learning_starts=1400, buffer_size=4000,
-                       pop_size=3, num_elites=1, eval_freq=0, checkpoint_freq=800)
+    flags = flags_with(
+        TINY,
+        env_id="Pendulum-v1",
+        total_timesteps=3200,
+        learning_starts=1400,
+        buffer_size=4000,
+        pop_size=3,
+        num_elites=1,
+        eval_freq=0,
+        checkpoint_freq=800,
+    )
     run = run_main("erl_td3", flags, tmp_path, monkeypatch)
     loop = load_checkpoint(run["run_dir"])["loop"]
     assert loop["generation"] == 4
@@ -222,10 +244,13 @@ def test_learners_are_injected_only_once_they_have_trained(tmp_path, monkeypatch
     assert len(loop["injected"]) == 1
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--num-elites", "10"], "exceed --pop-size"),
-    (["--mutation-prob", "1.5"], "--mutation-prob must lie in [0, 1]"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--num-elites", "10"], "exceed --pop-size"),
+        (["--mutation-prob", "1.5"], "--mutation-prob must lie in [0, 1]"),
+    ],
+)
 def test_bad_evolution_flags(flags, message, tmp_path):
     result = run_cli("erl_td3", flags, tmp_path, timeout=60)
     assert result.returncode == 1
@@ -238,12 +263,28 @@ def test_signal_during_a_generations_updates(tmp_path):
     stored), 8 updates per step in the second. SIGTERM in the second's updates ends the run within seconds with a
     checkpoint that keeps the updates still due; --resume makes them and finishes the run as an uninterrupted run does,
     bit for bit."""
-    flags = flags_with(TINY, env_id="Pendulum-v1", total_timesteps=1600, learning_starts=1000, buffer_size=2000,
-                       pop_size=3, num_elites=1, utd_ratio=8, eval_freq=0, checkpoint_freq=800)
+    flags = flags_with(
+        TINY,
+        env_id="Pendulum-v1",
+        total_timesteps=1600,
+        learning_starts=1000,
+        buffer_size=2000,
+        pop_size=3,
+        num_elites=1,
+        utd_ratio=8,
+        eval_freq=0,
+        checkpoint_freq=800,
+    )
     cwd = tmp_path / "signalled"
     cwd.mkdir()
-    proc = subprocess.Popen([sys.executable, str(REPO / "erl_td3.py"), *flags], cwd=cwd, env=cli_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "erl_td3.py"), *flags],
+        cwd=cwd,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     while not list((cwd / "runs").glob("*/checkpoint.pt")) and time.time() < deadline:  # the first generation's end
         time.sleep(0.05)

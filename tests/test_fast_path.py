@@ -4,6 +4,7 @@ one place in memory (a CUDA graph replays fixed addresses), --compile
 computes what eager computes within float rounding, and it compiles once: no recompile as the buffer fills and wraps,
 and graph breaks only where torch always breaks (backward, the optimizer). tests/test_gpu.py does the rest on a GPU.
 """
+
 import copy
 import importlib
 from functools import partial
@@ -27,11 +28,22 @@ def fast_path_flags(script):
     if script == "erl_td3":  # ERL updates after each generation: on Pendulum (200-step episodes) 3 episodes with 2
         # individuals and a learner, 30 updates after the first, 30 after the second, the buffer's length changed
         # and wrapped by then. ERL has no --log-freq: it logs once a generation.
-        return flags_with(TWENTY_UPDATES, env_id="Pendulum-v1", pop_size=2, num_elites=1, utd_ratio=0.05,
-                          total_timesteps=1200, buffer_size=1000, checkpoint_freq=1200) + ["--compile"]
+        return flags_with(
+            TWENTY_UPDATES,
+            env_id="Pendulum-v1",
+            pop_size=2,
+            num_elites=1,
+            utd_ratio=0.05,
+            total_timesteps=1200,
+            buffer_size=1000,
+            checkpoint_freq=1200,
+        ) + ["--compile"]
     # TD7 without its policy checkpoints updates at every step, as the others, instead of in bursts at episode ends.
-    return TWENTY_UPDATES + ["--log-freq", "10", "--compile"] + (["--no-checkpoints"] if script == "td7_continuous"
-                                                                  else [])
+    return (
+        TWENTY_UPDATES
+        + ["--log-freq", "10", "--compile"]
+        + (["--no-checkpoints"] if script == "td7_continuous" else [])
+    )
 
 
 def recorded_steps(script, flags, tmp_path, monkeypatch):
@@ -97,15 +109,20 @@ def test_update_steps_run_on_the_meta_device(script, tmp_path, monkeypatch):
     steps, _ = recorded_steps(script, fast_path_flags(script), tmp_path, monkeypatch)
     for step in steps:
         step()  # the optimizers' state exists from here on
-        meta = {id(t): (torch.nn.Parameter if isinstance(t, torch.nn.Parameter) else torch.Tensor.requires_grad_)(
-            t.detach().to("meta"), t.requires_grad) for t in tensors_of(step)}
+        meta = {
+            id(t): (torch.nn.Parameter if isinstance(t, torch.nn.Parameter) else torch.Tensor.requires_grad_)(
+                t.detach().to("meta"), t.requires_grad
+            )
+            for t in tensors_of(step)
+        }
         bound = copy.deepcopy(list(step.args), meta)  # the networks, optimizers and buffer, on tensors of `meta`
         for obj in bound:
             if not isinstance(obj, torch.Tensor) and isinstance(getattr(obj, "device", None), torch.device):
                 obj.device = torch.device("meta")  # a buffer's own device
         outputs = partial(step.func, *bound)()  # a tensor, a tuple or dict of them, or None (a target update)
-        outputs = (outputs.values() if isinstance(outputs, dict) else outputs if isinstance(outputs, tuple)
-                   else [outputs])
+        outputs = (
+            outputs.values() if isinstance(outputs, dict) else outputs if isinstance(outputs, tuple) else [outputs]
+        )
         assert all(output.device.type == "meta" for output in outputs if output is not None)
 
 

@@ -9,6 +9,7 @@ its replay buffer and RNG states (networks, targets, optimiser moments, populati
 regrouping them in the checkpoint does not matter, while changing any of their bits does. Float results depend on
 the CPU's instruction set and the torch build: on a machine unlike the recording one the test is skipped, saying so.
 """
+
 import csv
 import hashlib
 import json
@@ -26,32 +27,137 @@ GOLDEN_DIR = Path(__file__).parent / "golden"
 COMMON = ["--eval-episodes", "2", "--no-cuda", "--torch-threads", "1", "--seed", "3"]
 GOLDEN = {
     # Two envs per vector step, the buffer wrapping around.
-    "td3_continuous": ["--env-id", "Hopper-v4", "--num-envs", "2", "--total-timesteps", "1500", "--learning-starts",
-                       "500", "--batch-size", "64", "--buffer-size", "1000", "--eval-freq", "500",
-                       "--checkpoint-freq", "1500", "--log-freq", "50"],
-    "sac_continuous": ["--env-id", "Hopper-v4", "--num-envs", "2", "--total-timesteps", "1500", "--learning-starts",
-                       "500", "--batch-size", "64", "--buffer-size", "1000", "--eval-freq", "500",
-                       "--checkpoint-freq", "1500", "--log-freq", "50"],
+    "td3_continuous": [
+        "--env-id",
+        "Hopper-v4",
+        "--num-envs",
+        "2",
+        "--total-timesteps",
+        "1500",
+        "--learning-starts",
+        "500",
+        "--batch-size",
+        "64",
+        "--buffer-size",
+        "1000",
+        "--eval-freq",
+        "500",
+        "--checkpoint-freq",
+        "1500",
+        "--log-freq",
+        "50",
+    ],
+    "sac_continuous": [
+        "--env-id",
+        "Hopper-v4",
+        "--num-envs",
+        "2",
+        "--total-timesteps",
+        "1500",
+        "--learning-starts",
+        "500",
+        "--batch-size",
+        "64",
+        "--buffer-size",
+        "1000",
+        "--eval-freq",
+        "500",
+        "--checkpoint-freq",
+        "1500",
+        "--log-freq",
+        "50",
+    ],
     # Policy checkpoints with their switch to more episodes, several target cascades; the buffer for the offline run.
-    "td7_continuous": ["--env-id", "Hopper-v4", "--total-timesteps", "1500", "--learning-starts", "500",
-                       "--batch-size", "64", "--eval-freq", "500", "--checkpoint-freq", "1500", "--log-freq", "50",
-                       "--target-update-rate", "50", "--steps-before-checkpointing", "300",
-                       "--max-eps-when-checkpointing", "3", "--save-buffer"],
-    "sac_discrete": ["--env-id", "CartPole-v1", "--total-timesteps", "1500", "--learning-starts", "500",
-                     "--batch-size", "64", "--eval-freq", "500", "--checkpoint-freq", "1500", "--log-freq", "50"],
+    "td7_continuous": [
+        "--env-id",
+        "Hopper-v4",
+        "--total-timesteps",
+        "1500",
+        "--learning-starts",
+        "500",
+        "--batch-size",
+        "64",
+        "--eval-freq",
+        "500",
+        "--checkpoint-freq",
+        "1500",
+        "--log-freq",
+        "50",
+        "--target-update-rate",
+        "50",
+        "--steps-before-checkpointing",
+        "300",
+        "--max-eps-when-checkpointing",
+        "3",
+        "--save-buffer",
+    ],
+    "sac_discrete": [
+        "--env-id",
+        "CartPole-v1",
+        "--total-timesteps",
+        "1500",
+        "--learning-starts",
+        "500",
+        "--batch-size",
+        "64",
+        "--eval-freq",
+        "500",
+        "--checkpoint-freq",
+        "1500",
+        "--log-freq",
+        "50",
+    ],
     # Several generations with crossover, mutation, injection and learner updates.
-    "erl_td3": ["--env-id", "Pendulum-v1", "--total-timesteps", "4000", "--learning-starts", "1000", "--pop-size", "4",
-                "--num-elites", "1", "--crossover-prob", "0.5", "--batch-size", "64", "--eval-freq", "2000",
-                "--checkpoint-freq", "4000"],
+    "erl_td3": [
+        "--env-id",
+        "Pendulum-v1",
+        "--total-timesteps",
+        "4000",
+        "--learning-starts",
+        "1000",
+        "--pop-size",
+        "4",
+        "--num-elites",
+        "1",
+        "--crossover-prob",
+        "0.5",
+        "--batch-size",
+        "64",
+        "--eval-freq",
+        "2000",
+        "--checkpoint-freq",
+        "4000",
+    ],
 }
-OFFLINE = ["--offline", "--log-freq", "50", "--total-timesteps", "200", "--batch-size", "64", "--eval-freq",
-           "100", "--checkpoint-freq", "200"]  # TD7 offline, on the buffer that the td7_continuous golden run saved
+OFFLINE = [
+    "--offline",
+    "--log-freq",
+    "50",
+    "--total-timesteps",
+    "200",
+    "--batch-size",
+    "64",
+    "--eval-freq",
+    "100",
+    "--checkpoint-freq",
+    "200",
+]  # TD7 offline, on the buffer that the td7_continuous golden run saved
 
 
 def machine():
     """What float results depend on besides the code: the CPU, its instruction set as torch uses it, torch."""
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    cpu = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            platform.processor(),
+        )
+        if Path("/proc/cpuinfo").exists()
+        else ""
+    )
     return f"{platform.machine()} {cpu} {torch.backends.cpu.get_cpu_capability()} torch {torch.__version__}"
 
 
@@ -98,7 +204,10 @@ def test_golden_run(script, tmp_path, monkeypatch):
     run = run_main(script, COMMON + GOLDEN[script], tmp_path / "online", monkeypatch)
     check(script, outcome(run["run_dir"]))
     if script == "td7_continuous":
-        offline = run_main(script, COMMON + OFFLINE + ["--env-id", "Hopper-v4", "--dataset",
-                                                       str(Path(run["run_dir"]) / "buffer.npz")],
-                           tmp_path / "offline", monkeypatch)
+        offline = run_main(
+            script,
+            COMMON + OFFLINE + ["--env-id", "Hopper-v4", "--dataset", str(Path(run["run_dir"]) / "buffer.npz")],
+            tmp_path / "offline",
+            monkeypatch,
+        )
         check("td7_continuous_offline", outcome(offline["run_dir"]))

@@ -2,6 +2,7 @@
 --compile and with --cudagraphs; a CUDA graph computes what the same steps compute eagerly; no update waits for the
 device; a run made on the GPU resumes on the CPU, and its model.pt loads on a machine without CUDA.
 benchmark/gpu_check.sh runs this file and the speed table in one command."""
+
 import subprocess
 import sys
 
@@ -25,10 +26,20 @@ def without_compile(flags):
 @pytest.mark.parametrize("mode", [[], ["--compile"], ["--cudagraphs"]], ids=["eager", "compile", "cudagraphs"])
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_runs_3000_steps(script, mode, tmp_path, monkeypatch):
-    flags = flags_with(on_gpu(TINY), total_timesteps=3000, learning_starts=1000, buffer_size=10000,
-                       eval_freq=1500, checkpoint_freq=3000)
-    result = run_main(script, flags + mode + (["--pop-size", "2", "--num-elites", "1"] if script == "erl_td3" else []),
-                      tmp_path, monkeypatch)
+    flags = flags_with(
+        on_gpu(TINY),
+        total_timesteps=3000,
+        learning_starts=1000,
+        buffer_size=10000,
+        eval_freq=1500,
+        checkpoint_freq=3000,
+    )
+    result = run_main(
+        script,
+        flags + mode + (["--pop-size", "2", "--num-elites", "1"] if script == "erl_td3" else []),
+        tmp_path,
+        monkeypatch,
+    )
     assert result["global_step"] >= 3000
 
 
@@ -69,10 +80,13 @@ def test_a_gpu_run_resumes_on_the_cpu_and_its_model_loads_without_cuda(script, t
     flags = on_gpu(flags_with(TINY, checkpoint_freq=400)) + ["--save-model"]
     first = run_main(script, flags, tmp_path / "gpu", monkeypatch)
     checkpoint = f"{first['run_dir']}/checkpoint.pt"
-    resumed = run_main(script, flags_with(TINY, total_timesteps=600, resume=checkpoint), tmp_path / "cpu",
-                       monkeypatch)
+    resumed = run_main(script, flags_with(TINY, total_timesteps=600, resume=checkpoint), tmp_path / "cpu", monkeypatch)
     assert resumed["global_step"] >= 600
     load = "import torch; model = torch.load({!r}, weights_only=False); print(sorted(model))"
-    out = subprocess.run([sys.executable, "-c", load.format(f"{first['run_dir']}/model.pt")], capture_output=True,
-                         text=True, env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [sys.executable, "-c", load.format(f"{first['run_dir']}/model.pt")],
+        capture_output=True,
+        text=True,
+        env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stderr

@@ -1,5 +1,6 @@
 """The layout every script shares (README, "How a script is laid out"): the algorithm on top, `main` short and flat,
 the run machinery below one banner; and the one registry of what a checkpoint holds, which nothing escapes."""
+
 import ast
 import dataclasses
 import importlib
@@ -48,10 +49,15 @@ def unregistered(local_vars, state):
     registered = {id(value) for value in state.values()}
 
     def is_state(value):
-        return (isinstance(value, (torch.nn.Module, torch.optim.Optimizer, np.random.Generator))
-                or hasattr(value, "state_dict") and hasattr(value, "sample")  # replay buffers
-                or isinstance(value, torch.Tensor) and value.requires_grad  # a learnt scalar such as log_alpha
-                or dataclasses.is_dataclass(value) and type(value).__name__ != "Args")  # TD7's CheckpointPolicy
+        return (
+            isinstance(value, (torch.nn.Module, torch.optim.Optimizer, np.random.Generator))
+            or hasattr(value, "state_dict")
+            and hasattr(value, "sample")  # replay buffers
+            or isinstance(value, torch.Tensor)
+            and value.requires_grad  # a learnt scalar such as log_alpha
+            or dataclasses.is_dataclass(value)
+            and type(value).__name__ != "Args"
+        )  # TD7's CheckpointPolicy
 
     missing = []
     for name, value in local_vars.items():

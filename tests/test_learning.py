@@ -1,5 +1,6 @@
 """The learning tests: each algorithm reaches a stated evaluation return on a small task within a stated budget,
 on CPU, with a fixed seed. They are the evidence that the algorithms work."""
+
 import csv
 from pathlib import Path
 
@@ -23,12 +24,25 @@ LEARNING = {
     # generations of 10 individuals and 1 learner), learner updates from 2k stored steps. The champion is chosen by
     # one noisy fitness episode, so its last evaluation swings: the test asserts on the learner's final and the
     # champion's best evaluation.
-    "erl_td3": (["--env-id", "Pendulum-v1", "--total-timesteps", "22000", "--learning-starts", "2000",
-                 "--eval-freq", "2200"], -400.0),
+    "erl_td3": (
+        ["--env-id", "Pendulum-v1", "--total-timesteps", "22000", "--learning-starts", "2000", "--eval-freq", "2200"],
+        -400.0,
+    ),
 }
 # 5k random steps, a fixed seed and one final deterministic evaluation over 10 episodes.
-COMMON = ["--learning-starts", "5000", "--eval-freq", "0", "--eval-episodes", "10", "--checkpoint-freq", "0",
-          "--no-cuda", "--seed", "1"]
+COMMON = [
+    "--learning-starts",
+    "5000",
+    "--eval-freq",
+    "0",
+    "--eval-episodes",
+    "10",
+    "--checkpoint-freq",
+    "0",
+    "--no-cuda",
+    "--seed",
+    "1",
+]
 
 
 @pytest.mark.parametrize("script", LEARNING)

@@ -2,6 +2,7 @@
 directory, signals wherever the run is (training, an evaluation), non-finite rewards, envs without a time limit, a
 full disk and a read-only directory. Each fault must end in one line and no traceback, and leave files that parse and
 a checkpoint that resumes. Bad input that is refused before anything is written: tests/test_bad_input.py."""
+
 import csv
 import json
 import os
@@ -21,8 +22,14 @@ pytestmark = pytest.mark.parametrize("script", SCRIPTS)
 
 
 def start(script, flags, cwd):
-    return subprocess.Popen([sys.executable, str(REPO / f"{script}.py"), *flags], cwd=cwd, env=cli_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(REPO / f"{script}.py"), *flags],
+        cwd=cwd,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def the_run_dir(cwd):
@@ -59,8 +66,12 @@ def test_resume_takes_the_checkpoints_flags(script, tmp_path):
     result = run_cli(script, ["--resume", str(run_dir / "checkpoint.pt"), "--total-timesteps", str(total)], tmp_path)
     assert result.returncode == 0, result.stderr
     saved = json.loads((run_dir / "args.json").read_text())
-    assert (saved["batch_size"], saved["eval_freq"], saved["buffer_size"], saved["total_timesteps"]) == (32, 100, 1000,
-                                                                                                        total)
+    assert (saved["batch_size"], saved["eval_freq"], saved["buffer_size"], saved["total_timesteps"]) == (
+        32,
+        100,
+        1000,
+        total,
+    )
     steps = [int(row[0]) for row in list(csv.reader(open(run_dir / "evaluations.csv")))[1:]]
     assert steps == sorted(set(steps)) and steps[-1] >= total
     if script != "erl_td3":
@@ -103,8 +114,16 @@ def test_one_writer_per_run_directory(script, tmp_path):
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=60)
     assert first.returncode == 128 + signal.SIGTERM
-    result = run_cli(script, ["--resume", str(run_dir / "checkpoint.pt"), "--total-timesteps",
-                              str(load_checkpoint(run_dir)["global_step"] + 10)], tmp_path)
+    result = run_cli(
+        script,
+        [
+            "--resume",
+            str(run_dir / "checkpoint.pt"),
+            "--total-timesteps",
+            str(load_checkpoint(run_dir)["global_step"] + 10),
+        ],
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert_whole(run_dir)
 
@@ -112,8 +131,9 @@ def test_one_writer_per_run_directory(script, tmp_path):
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP])
 def test_signals_in_training(script, signum, tmp_path):
     """SIGINT and SIGHUP in training as SIGTERM (tests/test_common.py): a checkpoint, one line, 128 + signal."""
-    proc = start(script, flags_with(TINY, total_timesteps=10**6, checkpoint_freq=0, eval_freq=100, eval_episodes=1),
-                 tmp_path)
+    proc = start(
+        script, flags_with(TINY, total_timesteps=10**6, checkpoint_freq=0, eval_freq=100, eval_episodes=1), tmp_path
+    )
     for line in proc.stdout:
         if line.startswith("step ") and int(line.split()[1].split("/")[0]) > 200:
             break
@@ -127,8 +147,15 @@ def test_signals_in_training(script, signum, tmp_path):
 def test_signal_during_an_evaluation(script, tmp_path):
     """A signal during an evaluation (its env is slow from the 100th step on: 5 s an episode) ends it within seconds;
     the checkpoint says the evaluation is still due, and the resumed run makes it first, at the checkpoint's step."""
-    flags = flags_with(TINY, env_id=toy_env(script, "CounterSlow-v0"), total_timesteps=200, learning_starts=150,
-                       eval_freq=100, eval_episodes=1, checkpoint_freq=0)
+    flags = flags_with(
+        TINY,
+        env_id=toy_env(script, "CounterSlow-v0"),
+        total_timesteps=200,
+        learning_starts=150,
+        eval_freq=100,
+        eval_episodes=1,
+        checkpoint_freq=0,
+    )
     if script == "erl_td3":  # one generation of 3 episodes of 1000 steps, then its evaluation
         flags = flags_with(flags, pop_size=2, num_elites=1)
     proc = start(script, flags, tmp_path)
@@ -156,8 +183,14 @@ def test_signal_during_an_evaluation(script, tmp_path):
 def test_non_finite_reward_is_never_stored(script, tmp_path):
     """An infinite reward at the 300th step stops the run naming the reward and its step; the checkpoint before it
     holds only finite rewards, and resumes (to stop at the same step again)."""
-    flags = flags_with(TINY, env_id=toy_env(script, "CounterInfReward-v0"), total_timesteps=2000,
-                       learning_starts=100, checkpoint_freq=250, eval_freq=0)
+    flags = flags_with(
+        TINY,
+        env_id=toy_env(script, "CounterInfReward-v0"),
+        total_timesteps=2000,
+        learning_starts=100,
+        checkpoint_freq=250,
+        eval_freq=0,
+    )
     if script == "erl_td3":  # generations of 21 steps: one checkpoint before the bad reward
         flags = flags_with(flags, pop_size=2, num_elites=1)
     result = run_cli(script, flags, tmp_path)

@@ -1,4 +1,5 @@
 """Unit tests of the parts of SAC that are easy to get subtly wrong, continuous and discrete, and the Atari path."""
+
 import math
 
 import numpy as np
@@ -76,8 +77,9 @@ def test_discrete_target_terminated_vs_truncated():
 
 
 def test_continuous_target_subtracts_entropy_term():
-    y = sac_continuous.td_target(torch.ones(2, 1), torch.tensor([[0.0], [1.0]]), torch.full((2, 1), 3.0),
-                                  torch.full((2, 1), -1.0), 0.2, 0.5)
+    y = sac_continuous.td_target(
+        torch.ones(2, 1), torch.tensor([[0.0], [1.0]]), torch.full((2, 1), 3.0), torch.full((2, 1), -1.0), 0.2, 0.5
+    )
     assert torch.allclose(y, torch.tensor([[1.0 + 0.5 * (3.0 + 0.2)], [1.0]]))
 
 
@@ -87,8 +89,9 @@ def test_discrete_actor_loss_is_full_expectation():
     actor, qf = sac_discrete.Actor((4,), 3), sac_discrete.Critic((4,), 3)
     obs = torch.randn(5, 4)
     log_pi, q = actor(obs).detach(), qf(obs).min(0).values.detach()
-    expected = np.mean([sum(math.exp(log_pi[s, a]) * (0.3 * log_pi[s, a] - q[s, a]) for a in range(3))
-                        for s in range(5)])
+    expected = np.mean(
+        [sum(math.exp(log_pi[s, a]) * (0.3 * log_pi[s, a] - q[s, a]) for a in range(3)) for s in range(5)]
+    )
     loss, entropy = sac_discrete.update_actor(obs, actor, qf, torch.optim.SGD(actor.parameters(), lr=0.0), 0.3)
     assert loss.item() == pytest.approx(expected, rel=1e-5)
     assert torch.allclose(entropy, -(log_pi.exp() * log_pi).sum(-1))
@@ -102,15 +105,23 @@ def test_discrete_critic_no_grad_in_actor_step():
 
 def test_vector_and_image_defaults():
     assert sac_discrete.OBSERVATION_DEFAULTS["image"] == dict(
-        total_timesteps=5_000_000, learning_starts=20_000, batch_size=64, adam_eps=1e-4, update_frequency=4, tau=1.0,
-        target_network_frequency=8000, target_entropy_ratio=0.89)  # CleanRL's sac_atari
+        total_timesteps=5_000_000,
+        learning_starts=20_000,
+        batch_size=64,
+        adam_eps=1e-4,
+        update_frequency=4,
+        tau=1.0,
+        target_network_frequency=8000,
+        target_entropy_ratio=0.89,
+    )  # CleanRL's sac_atari
     assert set(sac_discrete.OBSERVATION_DEFAULTS["vector"]) == set(sac_discrete.OBSERVATION_DEFAULTS["image"])
 
 
 def test_num_critics(tmp_path, monkeypatch):
     """--num-critics 3: three Q-networks (and targets), each trained: their weights differ from each other."""
-    run = run_main("sac_continuous", flags_with(TINY, num_critics=3, total_timesteps=250, eval_freq=0), tmp_path,
-                   monkeypatch)
+    run = run_main(
+        "sac_continuous", flags_with(TINY, num_critics=3, total_timesteps=250, eval_freq=0), tmp_path, monkeypatch
+    )
     state = load_checkpoint(run["run_dir"])["state"]
     for name in ("qf", "qf_target"):
         assert all(w.shape[0] == 3 for key, w in state[name].items()), name
@@ -122,8 +133,15 @@ def test_num_critics(tmp_path, monkeypatch):
 @pytest.mark.skipif(sac_discrete.ale_py is None, reason="the Atari path needs the optional ale-py")
 def test_atari_smoke(tmp_path, monkeypatch):
     """Pong through the image path: AtariPreprocessing, 4 stacked uint8 frames, Nature-CNN, frame replay."""
-    flags = flags_with(TINY, env_id="PongNoFrameskip-v4", total_timesteps=300, learning_starts=100, eval_freq=0,
-                       eval_episodes=1, checkpoint_freq=300)
+    flags = flags_with(
+        TINY,
+        env_id="PongNoFrameskip-v4",
+        total_timesteps=300,
+        learning_starts=100,
+        eval_freq=0,
+        eval_episodes=1,
+        checkpoint_freq=300,
+    )
     run = run_main("sac_discrete", flags, tmp_path, monkeypatch)
     rb = load_checkpoint(run["run_dir"])["state"]["rb"]
     assert rb["frame"].dtype == torch.uint8
@@ -179,8 +197,12 @@ def test_frame_buffer_rebuilds_every_stored_observation():
         next_stacks = [stacks[e][1:] + [frame(e, episode[e], t[e] + 1)] for e in range(2)]
         next_obs = np.stack([np.stack(s) for s in next_stacks])
         rb.add(obs, action, reward, terminated.astype(np.float32), next_obs, done)
-        added.append([(obs[e].tobytes(), int(action[e]), float(reward[e]), float(terminated[e]), next_obs[e].tobytes())
-                      for e in range(2)])
+        added.append(
+            [
+                (obs[e].tobytes(), int(action[e]), float(reward[e]), float(terminated[e]), next_obs[e].tobytes())
+                for e in range(2)
+            ]
+        )
         for e in range(2):
             t[e] += 1
             stacks[e] = next_stacks[e]
@@ -189,8 +211,10 @@ def test_frame_buffer_rebuilds_every_stored_observation():
                 stacks[e] = [frame(e, episode[e], 0)] * 4
     everything = {transition for step in added for transition in step}
     obs, action, reward, terminated, next_obs = rb.sample()
-    sampled = {(o.numpy().tobytes(), int(a), float(r), float(d), n.numpy().tobytes())
-               for o, a, r, d, n in zip(obs, action, reward[:, 0], terminated[:, 0], next_obs)}
+    sampled = {
+        (o.numpy().tobytes(), int(a), float(r), float(d), n.numpy().tobytes())
+        for o, a, r, d, n in zip(obs, action, reward[:, 0], terminated[:, 0], next_obs)
+    }
     assert sampled <= everything
     assert {transition for step in added[-15:] for transition in step} <= sampled
     restored = sac_discrete.FrameReplayBuffer(48, (4, 2, 2), 2, 100, torch.device("cpu"))

@@ -1,4 +1,5 @@
 """TD3's own parts: the target, the replay buffer, action scaling, the critic."""
+
 import numpy as np
 import torch
 
@@ -58,4 +59,3 @@ def test_critic_heads_are_independent_networks_and_fixed_q1_gives_no_critic_grad
     (-qf.fixed(obs, actor(obs), num_q=1)[0].mean()).backward()
     assert all(p.grad is None for p in qf.parameters())
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in actor.parameters())
-

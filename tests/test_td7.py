@@ -1,5 +1,6 @@
 """TD7's own parts: AvgL1Norm, LAP-Huber, LAP replay, the update cascade, value clipping, the checkpoint
 policy and offline mode."""
+
 import signal
 import subprocess
 import sys
@@ -71,8 +72,16 @@ def td7_run(tmp_path, monkeypatch, total_timesteps, **overrides):
     """The final checkpoint's state and counters of a TD7 run on the counter env (one update per env step once an
     episode has ended after --learning-starts), with a target cascade every 3 updates."""
     overrides = {"target_update_rate": 3, **overrides}
-    flags = flags_with(TINY, env_id="tests.toy_envs:Counter-v0", total_timesteps=total_timesteps, learning_starts=20,
-                       batch_size=16, eval_freq=0, checkpoint_freq=total_timesteps, **overrides)
+    flags = flags_with(
+        TINY,
+        env_id="tests.toy_envs:Counter-v0",
+        total_timesteps=total_timesteps,
+        learning_starts=20,
+        batch_size=16,
+        eval_freq=0,
+        checkpoint_freq=total_timesteps,
+        **overrides,
+    )
     run = run_main("td7_continuous", flags + ["--no-checkpoints"], tmp_path / str(total_timesteps), monkeypatch)
     checkpoint = load_checkpoint(run["run_dir"])
     return checkpoint["state"], checkpoint["loop"]["num_updates"]
@@ -142,9 +151,24 @@ def test_offline_mode_trains_on_a_saved_buffer(tmp_path):
     assert np.abs(data["actions"]).max() <= 1.0  # Hopper's bounds are [-1, 1]
     offline_dir = tmp_path / "offline"
     offline_dir.mkdir()
-    flags = ["--offline", "--dataset", str(run_dir / "buffer.npz"), "--total-timesteps", "300", "--batch-size", "32",
-             "--eval-freq", "150", "--eval-episodes", "2", "--checkpoint-freq", "150", "--no-cuda",
-             "--torch-threads", "1"]
+    flags = [
+        "--offline",
+        "--dataset",
+        str(run_dir / "buffer.npz"),
+        "--total-timesteps",
+        "300",
+        "--batch-size",
+        "32",
+        "--eval-freq",
+        "150",
+        "--eval-episodes",
+        "2",
+        "--checkpoint-freq",
+        "150",
+        "--no-cuda",
+        "--torch-threads",
+        "1",
+    ]
     result = run_cli("td7_continuous", flags, offline_dir)
     assert result.returncode == 0, result.stderr
     (offline_run,) = (offline_dir / "runs").iterdir()
@@ -161,16 +185,22 @@ def test_offline_refuses_the_flags_it_would_ignore(flag, tmp_path):
     result = run_cli("td7_continuous", ["--offline", "--dataset", "data.npz", *flag], tmp_path, timeout=60)
     assert result.returncode == 1
     assert not (tmp_path / "runs").exists()
-    assert result.stderr.strip() == f"error: {flag[0]} has no effect with --offline: it trains on the whole " \
-                                    "dataset, one update per step, without policy checkpoints"
-
+    assert (
+        result.stderr.strip() == f"error: {flag[0]} has no effect with --offline: it trains on the whole "
+        "dataset, one update per step, without policy checkpoints"
+    )
 
 
 def counter_dataset(rows=40):
     """A valid dataset of the counter env (observation of size 1; actions in [0, 1] x [-2, 4])."""
     g = np.random.default_rng(0)
-    return {"observations": g.normal(size=(rows, 1)), "actions": g.uniform([0, -2], [1, 4], (rows, 2)),
-            "rewards": g.normal(size=rows), "next_observations": g.normal(size=(rows, 1)), "terminals": np.zeros(rows)}
+    return {
+        "observations": g.normal(size=(rows, 1)),
+        "actions": g.uniform([0, -2], [1, 4], (rows, 2)),
+        "rewards": g.normal(size=rows),
+        "next_observations": g.normal(size=(rows, 1)),
+        "terminals": np.zeros(rows),
+    }
 
 
 def with_row(array, row, value):
@@ -181,15 +211,22 @@ def with_row(array, row, value):
 
 BAD_DATASETS = {
     "terminal of 0.5": ({"terminals": with_row(np.zeros(40), 3, 0.5)}, "terminals must be 0 or 1, but row 3 holds 0.5"),
-    "action beyond its bound": ({"actions": with_row(counter_dataset()["actions"], 5, [0.5, 4.25])},
-                                "actions lie outside the env's bounds, by up to 0.25 (row 5, column 1: 4.25, "
-                                "bounds [-2, 4])"),
-    "NaN observation": ({"observations": with_row(np.zeros((40, 1)), 7, np.nan)},
-                        "observations holds a non-finite value, nan, in row 7, column 0"),
-    "infinite reward": ({"rewards": with_row(np.zeros(40), 2, np.inf)},
-                        "rewards holds a non-finite value, inf, in row 2"),
-    "fewer rows than a batch": ({key: value[:10] for key, value in counter_dataset().items()},
-                                "holds 10 transitions, fewer than --batch-size 16"),
+    "action beyond its bound": (
+        {"actions": with_row(counter_dataset()["actions"], 5, [0.5, 4.25])},
+        "actions lie outside the env's bounds, by up to 0.25 (row 5, column 1: 4.25, bounds [-2, 4])",
+    ),
+    "NaN observation": (
+        {"observations": with_row(np.zeros((40, 1)), 7, np.nan)},
+        "observations holds a non-finite value, nan, in row 7, column 0",
+    ),
+    "infinite reward": (
+        {"rewards": with_row(np.zeros(40), 2, np.inf)},
+        "rewards holds a non-finite value, inf, in row 2",
+    ),
+    "fewer rows than a batch": (
+        {key: value[:10] for key, value in counter_dataset().items()},
+        "holds 10 transitions, fewer than --batch-size 16",
+    ),
     "0-d rewards": ({"rewards": np.float64(1.0)}, "rewards has shape (), the env needs (40,)"),
     "0-d observations": ({"observations": np.float64(1.0)}, "observations has shape (), the env needs (N, 1)"),
     "actions of another env": ({"actions": np.zeros((40, 3))}, "actions has shape (40, 3), the env needs (40, 2)"),
@@ -202,12 +239,26 @@ def test_offline_refuses_a_bad_dataset(case, tmp_path, monkeypatch, capsys):
     is written (no run directory)."""
     changes, expected = BAD_DATASETS[case]
     np.savez(tmp_path / "data.npz", **{**counter_dataset(), **changes})
-    flags = ["--env-id", "tests.toy_envs:Counter-v0", "--offline", "--dataset", str(tmp_path / "data.npz"),
-             "--batch-size", "16", "--total-timesteps", "50", "--no-cuda", "--torch-threads", "1"]
+    flags = [
+        "--env-id",
+        "tests.toy_envs:Counter-v0",
+        "--offline",
+        "--dataset",
+        str(tmp_path / "data.npz"),
+        "--batch-size",
+        "16",
+        "--total-timesteps",
+        "50",
+        "--no-cuda",
+        "--torch-threads",
+        "1",
+    ]
     with pytest.raises(SystemExit) as exit_info:
         run_main("td7_continuous", flags, tmp_path, monkeypatch)
-    assert exit_info.value.code == f"error: --dataset {tmp_path / 'data.npz'}" + (" " if "fewer" in case else ": ") \
-        + expected  # sys.exit with a message: that one line on stderr, exit status 1
+    assert (
+        exit_info.value.code
+        == f"error: --dataset {tmp_path / 'data.npz'}" + (" " if "fewer" in case else ": ") + expected
+    )  # sys.exit with a message: that one line on stderr, exit status 1
     assert capsys.readouterr().err == ""
     assert not (tmp_path / "runs").exists()
 
@@ -230,12 +281,24 @@ def test_sigterm_inside_a_burst(tmp_path):
     999 updates, seconds long. SIGTERM sent inside it ends the run within seconds (143, one line), leaving a checkpoint
     with the updates still due; --resume makes them before the next env step, and ends where an uninterrupted run
     ends, bit for bit."""
-    flags = flags_with(TINY, env_id="MountainCarContinuous-v0", total_timesteps=2100, eval_freq=0, eval_episodes=1,
-                       checkpoint_freq=1997)  # a checkpoint at the step before the burst: the signal's cue
+    flags = flags_with(
+        TINY,
+        env_id="MountainCarContinuous-v0",
+        total_timesteps=2100,
+        eval_freq=0,
+        eval_episodes=1,
+        checkpoint_freq=1997,
+    )  # a checkpoint at the step before the burst: the signal's cue
     (tmp_path / "straight").mkdir()
     assert run_cli("td7_continuous", flags, tmp_path / "straight").returncode == 0
-    proc = subprocess.Popen([sys.executable, str(REPO / "td7_continuous.py"), *flags], cwd=tmp_path, env=cli_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "td7_continuous.py"), *flags],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 300
     while not list(tmp_path.glob("runs/*/checkpoint.pt")) and time.time() < deadline:
         time.sleep(0.05)
@@ -246,8 +309,10 @@ def test_sigterm_inside_a_burst(tmp_path):
     assert time.time() - sent < 3
     assert proc.returncode == 128 + signal.SIGTERM, stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
-    assert stderr.strip() == f"SIGTERM at global_step 1998: checkpoint written; continue with --resume " \
-                             f"{run_dir / 'checkpoint.pt'}"
+    assert (
+        stderr.strip() == f"SIGTERM at global_step 1998: checkpoint written; continue with --resume "
+        f"{run_dir / 'checkpoint.pt'}"
+    )
     loop = load_checkpoint(run_dir)["loop"]
     assert loop["global_step"] == 1998
     assert 0 < loop["updates_due"] < 999 == loop["updates_due"] + loop["num_updates"]

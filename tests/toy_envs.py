@@ -1,4 +1,5 @@
 """Tiny envs for the tests, registered on import; a script reaches them as --env-id tests.toy_envs:NAME."""
+
 import time
 from pathlib import Path
 
@@ -16,13 +17,26 @@ class CounterEnv(gym.Env):
     global_step, give or take its evaluation episodes), to provoke a non-finite loss; likewise the observation
     becomes NaN from step `nan_obs_from` on (and the actions computed from it are then accepted unchecked).
     """
+
     steps_in_process = 0
 
-    def __init__(self, terminate_at=None, bad_from=None, bad_reward=float("inf"), nan_obs_from=None, discrete=False,
-                 render_mode=None, step_seconds=0.0, action_space=None):
+    def __init__(
+        self,
+        terminate_at=None,
+        bad_from=None,
+        bad_reward=float("inf"),
+        nan_obs_from=None,
+        discrete=False,
+        render_mode=None,
+        step_seconds=0.0,
+        action_space=None,
+    ):
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
-        self.action_space = action_space or (gym.spaces.Discrete(3) if discrete else gym.spaces.Box(
-            np.array([0.0, -2.0], np.float32), np.array([1.0, 4.0], np.float32)))
+        self.action_space = action_space or (
+            gym.spaces.Discrete(3)
+            if discrete
+            else gym.spaces.Box(np.array([0.0, -2.0], np.float32), np.array([1.0, 4.0], np.float32))
+        )
         # Slow steps, in an env made after the process's 100th step (an evaluation's, not the training envs made at
         # the start): an evaluation long enough to be interrupted.
         self.step_seconds = step_seconds if CounterEnv.steps_in_process >= 100 else 0.0
@@ -54,18 +68,36 @@ class CounterEnv(gym.Env):
 
 for prefix, discrete in [("", False), ("Discrete", True)]:
     gym.register(f"{prefix}Counter-v0", CounterEnv, max_episode_steps=7, kwargs={"discrete": discrete})
-    gym.register(f"{prefix}CounterTerminates-v0", CounterEnv, max_episode_steps=7,
-                 kwargs={"terminate_at": 4, "discrete": discrete})
-    gym.register(f"{prefix}CounterInfReward-v0", CounterEnv, max_episode_steps=7,
-                 kwargs={"bad_from": 300, "discrete": discrete})
-    gym.register(f"{prefix}CounterNanObs-v0", CounterEnv, max_episode_steps=7,
-                 kwargs={"nan_obs_from": 100, "discrete": discrete})
+    gym.register(
+        f"{prefix}CounterTerminates-v0",
+        CounterEnv,
+        max_episode_steps=7,
+        kwargs={"terminate_at": 4, "discrete": discrete},
+    )
+    gym.register(
+        f"{prefix}CounterInfReward-v0", CounterEnv, max_episode_steps=7, kwargs={"bad_from": 300, "discrete": discrete}
+    )
+    gym.register(
+        f"{prefix}CounterNanObs-v0", CounterEnv, max_episode_steps=7, kwargs={"nan_obs_from": 100, "discrete": discrete}
+    )
     # No time limit: episodes end only by the env's own termination (never, here).
     gym.register(f"{prefix}CounterNoLimit-v0", CounterEnv, kwargs={"discrete": discrete})
-    gym.register(f"{prefix}CounterSlow-v0", CounterEnv, max_episode_steps=1000,
-                 kwargs={"step_seconds": 0.005, "discrete": discrete})
+    gym.register(
+        f"{prefix}CounterSlow-v0",
+        CounterEnv,
+        max_episode_steps=1000,
+        kwargs={"step_seconds": 0.005, "discrete": discrete},
+    )
 # Spaces a script must refuse: actions of two dimensions, a Discrete space that does not start at 0.
-gym.register("CounterMatrixAction-v0", CounterEnv, max_episode_steps=7,
-             kwargs={"action_space": gym.spaces.Box(-1.0, 1.0, (2, 2), np.float32)})
-gym.register("DiscreteCounterShifted-v0", CounterEnv, max_episode_steps=7,
-             kwargs={"action_space": gym.spaces.Discrete(3, start=1), "discrete": True})
+gym.register(
+    "CounterMatrixAction-v0",
+    CounterEnv,
+    max_episode_steps=7,
+    kwargs={"action_space": gym.spaces.Box(-1.0, 1.0, (2, 2), np.float32)},
+)
+gym.register(
+    "DiscreteCounterShifted-v0",
+    CounterEnv,
+    max_episode_steps=7,
+    kwargs={"action_space": gym.spaces.Discrete(3, start=1), "discrete": True},
+)
