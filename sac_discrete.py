@@ -515,6 +515,7 @@ def main(args):
     try:
         if run.evaluation_due:  # the checkpoint's evaluation, which a signal interrupted
             run.evaluate(global_step, actor.mode)
+            run.exit_on_signal(global_step)  # the checkpoint resumed from still holds it all
         while global_step < args.total_timesteps:
             if global_step < args.learning_starts:
                 action = rng.integers(0, n_actions, args.num_envs)
@@ -751,7 +752,8 @@ def check_memory(device, args, networks, buffer):
     """Where the replay `buffer` (built on the meta device: shapes, no memory) can live: the training device when the
     run fits in its free memory (the GPU's, or the host's within a cgroup's limit) with the `networks` (built here on
     the meta device) with gradients and Adam's moments and one update's activations (about four floats per unit of
-    each layer and sample); for frames on a GPU run, pinned host memory; otherwise fail with one line."""
+    each layer and sample), and on the host each checkpoint's copy of the buffer; for frames on a GPU run, pinned
+    host memory; otherwise fail with one line."""
     with torch.device("meta"):
         named = [p for net in networks() for p in net.named_parameters()]
     networks_need = 16 * sum(p.numel() * (args.batch_size if "bias" in name else 1) for name, p in named)
@@ -762,13 +764,15 @@ def check_memory(device, args, networks, buffer):
         free["cpu"] = min(free["cpu"], int(limit) - int(open("/sys/fs/cgroup/memory.current").read()))
     if device.type == "cuda":
         free["cuda"] = torch.cuda.mem_get_info(device)[0]
-    need = networks_need + buffer_need
-    if need <= free[device.type]:
+    need = {"cpu": buffer_need, device.type: 0}  # the checkpoint's copy of the buffer, on the host
+    need[device.type] += networks_need + buffer_need
+    if all(need[kind] <= free[kind] for kind in need):
         return device
-    if device.type == "cuda" and isinstance(buffer, FrameReplayBuffer) and buffer_need <= free["cpu"]:  # pinned
+    if device.type == "cuda" and isinstance(buffer, FrameReplayBuffer) and 2 * buffer_need <= free["cpu"]:  # pinned
         return torch.device("cpu")
-    fail(f"the run needs {need / 2**30:.1f} GiB, more than the {free[device.type] / 2**30:.1f} GiB free on the "
-         f"{device.type}; lower --buffer-size or --batch-size")
+    kind = next(kind for kind in (device.type, "cpu") if need[kind] > free[kind])
+    fail(f"the run needs {need[kind] / 2**30:.1f} GiB, more than the {free[kind] / 2**30:.1f} GiB free on the "
+         f"{kind}; lower --buffer-size or --batch-size")
 
 
 def tensors(buffer):
@@ -849,22 +853,24 @@ def set_env_state(env, state):
 def evaluate(policy, env_id, episodes, seed, device, video_folder=None, video_prefix="eval"):
     """Returns of `episodes` full episodes of the deterministic `policy`, on a separate env."""
     env = make_env(env_id, render_mode="rgb_array" if video_folder else None, evaluation=True)()
-    if env.spec.max_episode_steps is None:
+    if env.spec.max_episode_steps is None and not is_atari(env_id):  # ALE ends an episode at 108,000 frames itself
         env = gym.wrappers.TimeLimit(env, EVAL_STEP_LIMIT)
     if video_folder:
         env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda e: e == 0, name_prefix=video_prefix)
     returns = []
-    for episode in range(episodes):
-        obs, _ = env.reset(seed=seed + episode)
-        done, episode_return = False, 0.0
-        while not done:
-            with torch.no_grad():
-                action = policy(upload(obs[None], device))[0].item()  # the one wait per step
-            obs, reward, terminated, truncated, _ = env.step(action)
-            episode_return += float(reward)
-            done = terminated or truncated
-        returns.append(episode_return)
-    env.close()
+    try:
+        for episode in range(episodes):
+            obs, _ = env.reset(seed=seed + episode)
+            done, episode_return = False, 0.0
+            while not done:
+                with torch.no_grad():
+                    action = policy(upload(obs[None], device))[0].item()  # the one wait per step
+                obs, reward, terminated, truncated, _ = env.step(action)
+                episode_return += float(reward)
+                done = terminated or truncated
+            returns.append(episode_return)
+    finally:  # also when a signal ends it
+        env.close()
     return returns
 
 
@@ -878,6 +884,8 @@ def write_atomically(path, write, mode="w"):
         os.fchmod(fd, 0o644)
         with os.fdopen(fd, mode) as f:
             write(f)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename: a crash cannot leave an empty file under the name
         os.replace(temp, path)
     except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError of its own words
         with contextlib.suppress(OSError, TypeError):
@@ -916,6 +924,9 @@ def lock(run_dir):
         fail(f"cannot lock the run directory {run_dir}: {e.strerror}")
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}".encode(), 0)
+    for name in os.listdir(run_dir):  # what a write killed half-way left (see write_atomically)
+        if name.startswith(".") and name.endswith(".tmp"):
+            os.remove(os.path.join(run_dir, name))
     return fd
 
 
@@ -940,8 +951,11 @@ class Run:
             import wandb
 
             id = self.name[-64:].replace(".", "-")
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=asdict(args), name=self.name, id=id, resume="allow", save_code=True, dir=self.dir)
+            try:
+                wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                           config=asdict(args), name=self.name, id=id, resume="allow", save_code=True, dir=self.dir)
+            except Exception as e:  # a key wandb refuses, no server, an unknown entity
+                fail(f"--track: wandb cannot start: {first_line(e)}")
         loop = checkpoint["loop"] if checkpoint else {"global_step": 0, "num_updates": 0}
         self.writer = SummaryWriter(self.dir, purge_step=loop["global_step"] if checkpoint else None)
         table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
@@ -1078,8 +1092,13 @@ class Run:
             "rng": rng,
         }
         write_atomically(path, partial(torch.save, checkpoint), mode="wb")
+        self.exit_on_signal(loop["global_step"])
+
+    def exit_on_signal(self, global_step):
+        """After a signal, end the run with one line and exit status 128 + signal."""
         if self.signal:
-            self.say(f"{signal.Signals(self.signal).name} at global_step {loop['global_step']}: checkpoint written; "
+            path = os.path.join(self.dir, "checkpoint.pt")
+            self.say(f"{signal.Signals(self.signal).name} at global_step {global_step}: checkpoint written; "
                      f"continue with --resume {path}", sys.stderr)
             sys.exit(128 + self.signal)
 

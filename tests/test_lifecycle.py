@@ -21,11 +21,11 @@ SCRIPTS = ["td3_continuous", "sac_continuous", "sac_discrete", "td7_continuous",
 pytestmark = pytest.mark.parametrize("script", SCRIPTS)
 
 
-def start(script, flags, cwd):
+def start(script, flags, cwd, **env):
     return subprocess.Popen(
         [sys.executable, str(REPO / f"{script}.py"), *flags],
         cwd=cwd,
-        env=cli_env(),
+        env={**cli_env(), **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -158,9 +158,32 @@ def test_signal_during_an_evaluation(script, tmp_path):
     )
     if script == "erl_td3":  # one generation of 3 episodes of 1000 steps, then its evaluation
         flags = flags_with(flags, pop_size=2, num_elites=1)
-    proc = start(script, flags, tmp_path)
+    stderr = interrupt(start(script, flags, tmp_path), tmp_path)
+    run_dir = the_run_dir(tmp_path)
+    step = load_checkpoint(run_dir)["global_step"]
+    assert step == (3000 if script == "erl_td3" else 100)
+    one_error_line(stderr, f"SIGTERM at global_step {step}")
+    assert load_checkpoint(run_dir)["run"]["evaluation_due"]
+    assert_whole(run_dir)
+    # Again in the evaluation the resumed run makes first (every env slow now): it ends at once, checkpoint unchanged.
+    resume = ["--resume", str(run_dir / "checkpoint.pt")]
+    stderr = interrupt(start(script, resume, tmp_path, COUNTER_ENVS_SLOW="1"), tmp_path)
+    one_error_line(stderr, f"SIGTERM at global_step {step}")
+    assert load_checkpoint(run_dir)["global_step"] == step
+    assert load_checkpoint(run_dir)["run"]["evaluation_due"]
+    result = run_cli(script, resume, tmp_path)
+    assert result.returncode == 0, result.stderr
+    steps = [int(row[0]) for row in list(csv.reader(open(run_dir / "evaluations.csv")))[1:]]
+    assert steps == ([3000] if script == "erl_td3" else [100, 200])
+
+
+def interrupt(proc, cwd):
+    """SIGTERM to `proc` half a second into its slow steps (an evaluation's); it must end within 3 s with 143.
+    Returns its stderr."""
+    marker = Path(cwd) / "slow_steps_began"
+    marker.unlink(missing_ok=True)
     deadline = time.time() + 120
-    while not (tmp_path / "slow_steps_began").exists() and time.time() < deadline:  # the evaluation has begun
+    while not marker.exists() and time.time() < deadline:
         time.sleep(0.05)
     time.sleep(0.5)
     sent = time.time()
@@ -168,16 +191,7 @@ def test_signal_during_an_evaluation(script, tmp_path):
     _, stderr = proc.communicate(timeout=60)
     assert time.time() - sent < 3
     assert proc.returncode == 128 + signal.SIGTERM, stderr
-    run_dir = the_run_dir(tmp_path)
-    step = load_checkpoint(run_dir)["global_step"]
-    assert step == (3000 if script == "erl_td3" else 100)
-    one_error_line(stderr, f"SIGTERM at global_step {step}")
-    assert load_checkpoint(run_dir)["run"]["evaluation_due"]
-    assert_whole(run_dir)
-    result = run_cli(script, ["--resume", str(run_dir / "checkpoint.pt")], tmp_path)
-    assert result.returncode == 0, result.stderr
-    steps = [int(row[0]) for row in list(csv.reader(open(run_dir / "evaluations.csv")))[1:]]
-    assert steps == ([3000] if script == "erl_td3" else [100, 200])
+    return stderr
 
 
 def test_non_finite_reward_is_never_stored(script, tmp_path):

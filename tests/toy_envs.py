@@ -1,5 +1,6 @@
 """Tiny envs for the tests, registered on import; a script reaches them as --env-id tests.toy_envs:NAME."""
 
+import os
 import time
 from pathlib import Path
 
@@ -39,7 +40,8 @@ class CounterEnv(gym.Env):
         )
         # Slow steps, in an env made after the process's 100th step (an evaluation's, not the training envs made at
         # the start): an evaluation long enough to be interrupted.
-        self.step_seconds = step_seconds if CounterEnv.steps_in_process >= 100 else 0.0
+        slow = CounterEnv.steps_in_process >= 100 or os.environ.get("COUNTER_ENVS_SLOW")  # or every env, if asked
+        self.step_seconds = step_seconds if slow else 0.0
         self.terminate_at, self.bad_from, self.bad_reward = terminate_at, bad_from, bad_reward
         self.nan_obs_from = nan_obs_from
         self.t = 0
