@@ -525,11 +525,10 @@ def main(args):
     q_optimizer = adam(qf.parameters(), lr=args.q_lr)
     actor_optimizer = adam(actor.parameters(), lr=args.policy_lr)
     rb = LAPReplayBuffer(capacity, obs_dim, act_dim, args.batch_size, device)
-    # The updates (without and with the delayed actor step) as callables, compiled or CUDA graphs under the flags.
     update_steps = [accelerate(partial(update, rb, encoder, actor, qf, fixed_encoder, fixed_encoder_target,
                                        actor_target, qf_target, value_range, value_clip, encoder_optimizer,
                                        q_optimizer, actor_optimizer, args, with_actor), args)
-                    for with_actor in (False, True)]
+                    for with_actor in (False, True)]  # the updates as callables, without and with the actor step
     if args.offline and not checkpoint:
         rb.add(*(dataset[key] for key in ("observations", "actions", "rewards", "terminals", "next_observations")))
     policy, use_checkpoints = CheckpointPolicy(), args.checkpoints and not args.offline  # TD7's, online only
