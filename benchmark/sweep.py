@@ -196,7 +196,8 @@ def run_local(args, flags, runs):
             file=sys.stderr,
         )
         sys.exit(128 + stop[0])
-    if failed:
+    if failed:  # in the sweep's order, not the order they ended in
+        failed.sort(key=runs.index)
         sys.exit(f"{len(failed)} of {len(failed) + done} runs failed: " + ", ".join(f"{e} seed {s}" for e, s in failed))
 
 
