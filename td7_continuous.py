@@ -147,7 +147,8 @@ class Args:
     max_eps_when_checkpointing: int = 20
     """episodes that judge a policy after --steps-before-checkpointing (1 before)"""
     steps_before_checkpointing: int = 750000
-    """updates after which checkpoints are judged on more episodes"""
+    """training steps (updates, as the authors count them; not env steps) after which checkpoints are judged on more
+    episodes"""
     reset_weight: float = 0.9
     """the checkpoint's best minimum return is multiplied by this at that switch"""
     zs_dim: int = 256
