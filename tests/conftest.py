@@ -2,10 +2,13 @@
 
 import importlib
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import tyro
@@ -74,6 +77,53 @@ def run_cli(script, flags, cwd, timeout=900):
         text=True,
         timeout=timeout,
     )
+
+
+def start_cli(script, flags, cwd, **env):
+    """Start `python {script}.py {flags}` in `cwd` as run_cli does, without waiting; its stdout and stderr are pipes."""
+    return subprocess.Popen(
+        [sys.executable, str(REPO / f"{script}.py"), *flags],
+        cwd=cwd,
+        env={**cli_env(), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def signal_when(proc, ready, signum=signal.SIGTERM, settle=0.0, within=None):
+    """Send `signum` to a started run once `ready()` holds (and `settle` seconds later); it must exit with 128 +
+    signum, within `within` seconds of the signal when given. Returns its stderr."""
+    deadline = time.time() + 300
+    while not ready() and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(settle)
+    sent = time.time()
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=60)
+    if within is not None:
+        assert time.time() - sent < within, stderr
+    assert proc.returncode == 128 + signum, stderr
+    return stderr
+
+
+def assert_same(a, b, path="checkpoint"):
+    """Recursive bit-for-bit equality of two checkpoint trees (tensors, arrays, dicts, lists, numbers)."""
+    assert type(a) is type(b), path
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for key in a:
+            assert_same(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{path}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), path
+    elif isinstance(a, np.ndarray):
+        assert np.array_equal(a, b), path
+    else:
+        assert a == b, path
 
 
 def run_main(script, flags, cwd, monkeypatch):

@@ -1,18 +1,12 @@
 """Unit tests of ERL's genetic operators, injection and batched population evaluation."""
 
-import signal
-import subprocess
-import sys
-import time
-
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
 import erl_td3
-from tests.conftest import REPO, TINY, cli_env, flags_with, load_checkpoint, run_cli, run_main
-from tests.test_common import assert_same
+from tests.conftest import TINY, assert_same, flags_with, load_checkpoint, run_cli, run_main, signal_when, start_cli
 
 ARGS = erl_td3.Args()
 
@@ -277,23 +271,10 @@ def test_signal_during_a_generations_updates(tmp_path):
     )
     cwd = tmp_path / "signalled"
     cwd.mkdir()
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "erl_td3.py"), *flags],
-        cwd=cwd,
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.time() + 120
-    while not list((cwd / "runs").glob("*/checkpoint.pt")) and time.time() < deadline:  # the first generation's end
-        time.sleep(0.05)
-    time.sleep(2.0)  # the second generation's episodes (800 steps) take a fraction of that; 6400 updates follow
-    sent = time.time()
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=60)
-    assert time.time() - sent < 5
-    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    proc = start_cli("erl_td3", flags, cwd)
+    # The first generation's end writes a checkpoint; the second's episodes (800 steps) take a fraction of the 2 s
+    # after it, and 6400 updates follow.
+    stderr = signal_when(proc, lambda: list((cwd / "runs").glob("*/checkpoint.pt")), settle=2.0, within=5)
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("SIGTERM at global_step 1600: checkpoint written"), stderr
     (run_dir,) = (cwd / "runs").iterdir()

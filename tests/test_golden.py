@@ -25,123 +25,29 @@ from tests.conftest import load_checkpoint, run_main
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 COMMON = ["--eval-episodes", "2", "--no-cuda", "--torch-threads", "1", "--seed", "3"]
+# 1500 steps, learning from 500, evaluations every 500 and a checkpoint at the end.
+SHORT = (
+    "--total-timesteps 1500 --learning-starts 500 --batch-size 64 --eval-freq 500 --checkpoint-freq 1500 --log-freq 50"
+)
+# Two envs per vector step, the buffer wrapping around.
+VECTOR = f"--env-id Hopper-v4 --num-envs 2 --buffer-size 1000 {SHORT}".split()
 GOLDEN = {
-    # Two envs per vector step, the buffer wrapping around.
-    "td3_continuous": [
-        "--env-id",
-        "Hopper-v4",
-        "--num-envs",
-        "2",
-        "--total-timesteps",
-        "1500",
-        "--learning-starts",
-        "500",
-        "--batch-size",
-        "64",
-        "--buffer-size",
-        "1000",
-        "--eval-freq",
-        "500",
-        "--checkpoint-freq",
-        "1500",
-        "--log-freq",
-        "50",
-    ],
-    "sac_continuous": [
-        "--env-id",
-        "Hopper-v4",
-        "--num-envs",
-        "2",
-        "--total-timesteps",
-        "1500",
-        "--learning-starts",
-        "500",
-        "--batch-size",
-        "64",
-        "--buffer-size",
-        "1000",
-        "--eval-freq",
-        "500",
-        "--checkpoint-freq",
-        "1500",
-        "--log-freq",
-        "50",
-    ],
+    "td3_continuous": VECTOR,
+    "sac_continuous": VECTOR,
     # Policy checkpoints with their switch to more episodes, several target cascades; the buffer for the offline run.
-    "td7_continuous": [
-        "--env-id",
-        "Hopper-v4",
-        "--total-timesteps",
-        "1500",
-        "--learning-starts",
-        "500",
-        "--batch-size",
-        "64",
-        "--eval-freq",
-        "500",
-        "--checkpoint-freq",
-        "1500",
-        "--log-freq",
-        "50",
-        "--target-update-rate",
-        "50",
-        "--steps-before-checkpointing",
-        "300",
-        "--max-eps-when-checkpointing",
-        "3",
-        "--save-buffer",
-    ],
-    "sac_discrete": [
-        "--env-id",
-        "CartPole-v1",
-        "--total-timesteps",
-        "1500",
-        "--learning-starts",
-        "500",
-        "--batch-size",
-        "64",
-        "--eval-freq",
-        "500",
-        "--checkpoint-freq",
-        "1500",
-        "--log-freq",
-        "50",
-    ],
+    "td7_continuous": (
+        f"--env-id Hopper-v4 {SHORT} --target-update-rate 50 --steps-before-checkpointing 300 "
+        "--max-eps-when-checkpointing 3 --save-buffer"
+    ).split(),
+    "sac_discrete": f"--env-id CartPole-v1 {SHORT}".split(),
     # Several generations with crossover, mutation, injection and learner updates.
-    "erl_td3": [
-        "--env-id",
-        "Pendulum-v1",
-        "--total-timesteps",
-        "4000",
-        "--learning-starts",
-        "1000",
-        "--pop-size",
-        "4",
-        "--num-elites",
-        "1",
-        "--crossover-prob",
-        "0.5",
-        "--batch-size",
-        "64",
-        "--eval-freq",
-        "2000",
-        "--checkpoint-freq",
-        "4000",
-    ],
+    "erl_td3": (
+        "--env-id Pendulum-v1 --total-timesteps 4000 --learning-starts 1000 --pop-size 4 --num-elites 1 "
+        "--crossover-prob 0.5 --batch-size 64 --eval-freq 2000 --checkpoint-freq 4000"
+    ).split(),
 }
-OFFLINE = [
-    "--offline",
-    "--log-freq",
-    "50",
-    "--total-timesteps",
-    "200",
-    "--batch-size",
-    "64",
-    "--eval-freq",
-    "100",
-    "--checkpoint-freq",
-    "200",
-]  # TD7 offline, on the buffer that the td7_continuous golden run saved
+# TD7 offline, on the buffer that the td7_continuous golden run saved.
+OFFLINE = "--offline --log-freq 50 --total-timesteps 200 --batch-size 64 --eval-freq 100 --checkpoint-freq 200".split()
 
 
 def machine():

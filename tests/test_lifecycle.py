@@ -8,28 +8,16 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, TINY, cli_env, flags_with, load_checkpoint, run_cli, toy_env
+from tests.conftest import TINY, flags_with, load_checkpoint, run_cli, signal_when, start_cli, toy_env
 
 # The scripts whose run machinery has been rebuilt so far; the others follow.
 SCRIPTS = ["td3_continuous", "sac_continuous", "sac_discrete", "td7_continuous", "erl_td3"]
 pytestmark = pytest.mark.parametrize("script", SCRIPTS)
-
-
-def start(script, flags, cwd, **env):
-    return subprocess.Popen(
-        [sys.executable, str(REPO / f"{script}.py"), *flags],
-        cwd=cwd,
-        env={**cli_env(), **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def the_run_dir(cwd):
@@ -101,7 +89,7 @@ def test_a_checkpoint_that_does_not_fit_writes_nothing(script, tmp_path):
 def test_one_writer_per_run_directory(script, tmp_path):
     """While a run goes, a second process resuming its checkpoint is refused, naming the holder; once it has
     stopped, the resume goes ahead."""
-    first = start(script, flags_with(TINY, total_timesteps=10**6, checkpoint_freq=250, eval_freq=0), tmp_path)
+    first = start_cli(script, flags_with(TINY, total_timesteps=10**6, checkpoint_freq=250, eval_freq=0), tmp_path)
     try:
         deadline = time.time() + 120
         while not list((tmp_path / "runs").glob("*/checkpoint.pt")) and time.time() < deadline:
@@ -128,20 +116,22 @@ def test_one_writer_per_run_directory(script, tmp_path):
     assert_whole(run_dir)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_signals_in_training(script, signum, tmp_path):
-    """SIGINT and SIGHUP in training as SIGTERM (tests/test_common.py): a checkpoint, one line, 128 + signal."""
-    proc = start(
-        script, flags_with(TINY, total_timesteps=10**6, checkpoint_freq=0, eval_freq=100, eval_episodes=1), tmp_path
-    )
-    for line in proc.stdout:
-        if line.startswith("step ") and int(line.split()[1].split("/")[0]) > 200:
-            break
-    proc.send_signal(signum)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signum, stderr
+    """Ctrl-C, a cluster's SIGTERM or a closed terminal's SIGHUP once training has begun (the checkpoint at 250 steps
+    is written, past --learning-starts 200): a checkpoint, one line, 128 + signal; --resume continues from it."""
+    flags = flags_with(TINY, total_timesteps=10**6, checkpoint_freq=250, eval_freq=100, eval_episodes=1)
+    proc = start_cli(script, flags, tmp_path)
+    stderr = signal_when(proc, lambda: list(tmp_path.glob("runs/*/checkpoint.pt")), signum, settle=0.5)
     one_error_line(stderr, f"{signal.Signals(signum).name} at global_step ")
-    assert_whole(the_run_dir(tmp_path))
+    run_dir = the_run_dir(tmp_path)
+    assert_whole(run_dir)
+    step = load_checkpoint(run_dir)["global_step"]
+    assert step > 250
+    resume = ["--resume", str(run_dir / "checkpoint.pt"), "--total-timesteps", str(step + 50)]
+    result = run_cli(script, resume, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"resumed {run_dir} at global_step {step}" in result.stdout
 
 
 def test_signal_during_an_evaluation(script, tmp_path):
@@ -158,7 +148,7 @@ def test_signal_during_an_evaluation(script, tmp_path):
     )
     if script == "erl_td3":  # one generation of 3 episodes of 1000 steps, then its evaluation
         flags = flags_with(flags, pop_size=2, num_elites=1)
-    stderr = interrupt(start(script, flags, tmp_path), tmp_path)
+    stderr = interrupt(start_cli(script, flags, tmp_path), tmp_path)
     run_dir = the_run_dir(tmp_path)
     step = load_checkpoint(run_dir)["global_step"]
     assert step == (3000 if script == "erl_td3" else 100)
@@ -167,7 +157,7 @@ def test_signal_during_an_evaluation(script, tmp_path):
     assert_whole(run_dir)
     # Again in the evaluation the resumed run makes first (every env slow now): it ends at once, checkpoint unchanged.
     resume = ["--resume", str(run_dir / "checkpoint.pt")]
-    stderr = interrupt(start(script, resume, tmp_path, COUNTER_ENVS_SLOW="1"), tmp_path)
+    stderr = interrupt(start_cli(script, resume, tmp_path, COUNTER_ENVS_SLOW="1"), tmp_path)
     one_error_line(stderr, f"SIGTERM at global_step {step}")
     assert load_checkpoint(run_dir)["global_step"] == step
     assert load_checkpoint(run_dir)["run"]["evaluation_due"]
@@ -178,20 +168,10 @@ def test_signal_during_an_evaluation(script, tmp_path):
 
 
 def interrupt(proc, cwd):
-    """SIGTERM to `proc` half a second into its slow steps (an evaluation's); it must end within 3 s with 143.
-    Returns its stderr."""
+    """SIGTERM half a second into a run's slow steps (an evaluation's); it must end within 3 s. Returns its stderr."""
     marker = Path(cwd) / "slow_steps_began"
     marker.unlink(missing_ok=True)
-    deadline = time.time() + 120
-    while not marker.exists() and time.time() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)
-    sent = time.time()
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=60)
-    assert time.time() - sent < 3
-    assert proc.returncode == 128 + signal.SIGTERM, stderr
-    return stderr
+    return signal_when(proc, marker.exists, settle=0.5, within=3)
 
 
 def test_non_finite_reward_is_never_stored(script, tmp_path):

@@ -1,17 +1,12 @@
 """TD7's own parts: AvgL1Norm, LAP-Huber, LAP replay, the update cascade, value clipping, the checkpoint
 policy and offline mode."""
 
-import signal
-import subprocess
-import sys
-import time
-
 import numpy as np
 import pytest
 import torch
 
 import td7_continuous as td7
-from tests.conftest import REPO, TINY, cli_env, flags_with, load_checkpoint, run_cli, run_main
+from tests.conftest import TINY, assert_same, flags_with, load_checkpoint, run_cli, run_main, signal_when, start_cli
 
 
 def filled_buffer(n=64, capacity=128, batch_size=5000):
@@ -263,19 +258,6 @@ def test_offline_refuses_a_bad_dataset(case, tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "runs").exists()
 
 
-def same(a, b):
-    """Bit-for-bit equality of two checkpoint trees."""
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(a[key], b[key]) for key in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, torch.Tensor):
-        return torch.equal(a, b)
-    if isinstance(a, np.ndarray):
-        return np.array_equal(a, b)
-    return a == b
-
-
 def test_sigterm_inside_a_burst(tmp_path):
     """MountainCarContinuous's episodes take 999 steps, so the first burst (at the second episode's end, step 1998) is
     999 updates, seconds long. SIGTERM sent inside it ends the run within seconds (143, one line), leaving a checkpoint
@@ -291,23 +273,8 @@ def test_sigterm_inside_a_burst(tmp_path):
     )  # a checkpoint at the step before the burst: the signal's cue
     (tmp_path / "straight").mkdir()
     assert run_cli("td7_continuous", flags, tmp_path / "straight").returncode == 0
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "td7_continuous.py"), *flags],
-        cwd=tmp_path,
-        env=cli_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.time() + 300
-    while not list(tmp_path.glob("runs/*/checkpoint.pt")) and time.time() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)
-    sent = time.time()
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=60)
-    assert time.time() - sent < 3
-    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    proc = start_cli("td7_continuous", flags, tmp_path)
+    stderr = signal_when(proc, lambda: list(tmp_path.glob("runs/*/checkpoint.pt")), settle=0.5, within=3)
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert (
         stderr.strip() == f"SIGTERM at global_step 1998: checkpoint written; continue with --resume "
@@ -322,4 +289,4 @@ def test_sigterm_inside_a_burst(tmp_path):
     a, b = load_checkpoint(straight_dir), load_checkpoint(run_dir)
     assert a["loop"]["num_updates"] == 999
     for key in ("loop", "state", "envs", "rng"):
-        assert same(a[key], b[key]), key
+        assert_same(a[key], b[key], key)
