@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from benchmark import report
-from tests.conftest import REPO, cli_env, flags_with
+from tests.conftest import REPO, cli_env, flags_with, run_cli
 
 SWEEP = "sweeps/td3_continuous"  # the default directory of a td3_continuous.py sweep, below the sweep's cwd
 FLAGS = [
@@ -35,25 +35,17 @@ FLAGS = [
 ]
 
 
+def sweep_cli(cwd, *args, env=None, start=False, timeout=300):
+    """`python benchmark/sweep.py td3_continuous.py ARGS` in `cwd`: run to its end (or started, with start=True)."""
+    cmd = [sys.executable, str(REPO / "benchmark" / "sweep.py"), "td3_continuous.py", *args]
+    pipes = dict(cwd=cwd, env={**cli_env(), **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(cmd, **pipes) if start else subprocess.run(cmd, timeout=timeout, **pipes)
+
+
 def sweep(cwd, envs, *options, flags=FLAGS, timeout=300):
-    return subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmark" / "sweep.py"),
-            "td3_continuous.py",
-            "--envs",
-            *envs,
-            "--seeds",
-            "1",
-            "2",
-            *(options or ["--workers", "2"]),
-            *flags,
-        ],
-        cwd=cwd,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+    """A sweep of `envs` x seeds 1 and 2 (with `options`, default 2 workers) and `flags` for every run."""
+    return sweep_cli(
+        cwd, "--envs", *envs, "--seeds", "1", "2", *(options or ["--workers", "2"]), *flags, timeout=timeout
     )
 
 
@@ -93,26 +85,12 @@ def test_stopping_a_sweep(signum, tmp_path):
     name = f"stopped{tmp_path.name}"  # in every run's command line: how to find a run left behind
     flags = flags_with(FLAGS, total_timesteps=10**6, checkpoint_freq=0, eval_freq=0, exp_name=name)
     options = ["--envs", "tests.toy_envs:Counter-v0", "--workers", "2", "--dir", "s", *flags]
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "benchmark" / "sweep.py"), "td3_continuous.py", "--seeds", "1", "2", "3", *options],
-        cwd=tmp_path,
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = sweep_cli(tmp_path, "--seeds", "1", "2", "3", *options, start=True)
     logs = [tmp_path / f"s/logs/{name}__tests.toy_envs:Counter-v0__{seed}.log" for seed in (1, 2)]
     deadline = time.time() + 120
     while not all(log.exists() and "steps/s" in log.read_text() for log in logs) and time.time() < deadline:
         time.sleep(0.2)
-    second = subprocess.run(
-        [sys.executable, str(REPO / "benchmark" / "sweep.py"), "td3_continuous.py", *options],
-        cwd=tmp_path,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    second = sweep_cli(tmp_path, *options, timeout=60)
     assert second.returncode == 1
     assert second.stderr.startswith(f"error: another sweep works in s: process {proc.pid}"), second.stderr
     proc.send_signal(signum)
@@ -126,24 +104,7 @@ def test_stopping_a_sweep(signum, tmp_path):
     assert len(runs) == 2
     assert all((run / "checkpoint.pt").exists() for run in runs)
     assert subprocess.run(["pgrep", "-f", name], capture_output=True).returncode == 1, "a run outlived its sweep"
-    again = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmark" / "sweep.py"),
-            "td3_continuous.py",
-            "--seeds",
-            "1",
-            "2",
-            "3",
-            "--dry-run",
-            *options,
-        ],
-        cwd=tmp_path,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    again = sweep_cli(tmp_path, "--seeds", "1", "2", "3", "--dry-run", *options, timeout=60)
     assert "3 runs to do (2 resumed), 0 already finished" in again.stdout, again.stdout
 
 
@@ -166,14 +127,7 @@ def test_sweep_matches_names_literally_and_refuses_what_it_cannot_use(tmp_path):
         (["--dir", "file"], "error: cannot use file as a sweep directory"),
         (["--slurm", "--dir", "t"], "error: --slurm needs Slurm's sbatch"),
     ]:
-        result = subprocess.run(
-            [sys.executable, str(REPO / "benchmark" / "sweep.py"), "td3_continuous.py", *options],
-            cwd=tmp_path,
-            env={**cli_env(), "PATH": os.path.dirname(sys.executable)},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        result = sweep_cli(tmp_path, *options, env={"PATH": os.path.dirname(sys.executable)}, timeout=60)
         assert result.returncode == 1
         assert result.stderr.strip() == result.stderr.strip().splitlines()[0], result.stderr
         assert result.stderr.startswith(expected), result.stderr
@@ -283,21 +237,9 @@ def test_reference_file_is_complete():
 def test_a_sweep_owns_its_directory(tmp_path):
     """An ad-hoc run of the same env and seed in ./runs, made with other flags, is neither resumed nor skipped by a
     sweep, which works in sweeps/td3_continuous/; the report reads only the directories it is given."""
-    ad_hoc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "td3_continuous.py"),
-            "--env-id",
-            "tests.toy_envs:Counter-v0",
-            "--seed",
-            "1",
-            *flags_with(FLAGS[1:], total_timesteps=150, checkpoint_freq=150),
-        ],
-        cwd=tmp_path,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    flags = ["--env-id", "tests.toy_envs:Counter-v0", "--seed", "1"]
+    ad_hoc = run_cli(
+        "td3_continuous", flags + flags_with(FLAGS[1:], total_timesteps=150, checkpoint_freq=150), tmp_path
     )
     assert ad_hoc.returncode == 0, ad_hoc.stderr
     result = sweep(tmp_path, ["tests.toy_envs:Counter-v0"])
