@@ -565,7 +565,8 @@ def read_checkpoint(args):
             saved = checkpoint["args"].get(name)
             fail(f"--resume file {args.resume} was made with --{name.replace('_', '-')} {saved}, not {value}")
     step = checkpoint["loop"]["global_step"]
-    if args.total_timesteps < step or args.total_timesteps == step and not checkpoint["run"]["evaluation_due"]:
+    unfinished = checkpoint["run"]["evaluation_due"] or checkpoint["loop"].get("updates_due")  # TD7, ERL: updates
+    if args.total_timesteps <= step and not unfinished:
         fail(f"--total-timesteps {args.total_timesteps} is not beyond the checkpoint's global_step {step}")
     return checkpoint
 

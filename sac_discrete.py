@@ -636,10 +636,7 @@ def check_args(args):
         "--resume needs the path of a checkpoint.pt": args.resume == "",
         f"--num-critics must be at least 2, got {args.num_critics}": args.num_critics < 2,
         f"--target-entropy-ratio must lie in (0, 1), got {args.target_entropy_ratio}": args.target_entropy_ratio >= 1,
-        # the frames may live in host memory, which a CUDA graph cannot read
-        "--cudagraphs is for vector observations; images run eagerly or with --compile": (
-            args.cudagraphs and is_atari(args.env_id)
-        ),
+        "--cudagraphs is for vector observations, not Atari's frames": args.cudagraphs and is_atari(args.env_id),
         "--cudagraphs needs a GPU: --no-cuda is set": args.cudagraphs and not args.cuda,
         "--cudagraphs needs a GPU: none is available": args.cudagraphs and not torch.cuda.is_available(),
         "--track needs wandb: pip install wandb": args.track and not importlib.util.find_spec("wandb"),
@@ -702,7 +699,8 @@ def read_checkpoint(args):
             saved = checkpoint["args"].get(name)
             fail(f"--resume file {args.resume} was made with --{name.replace('_', '-')} {saved}, not {value}")
     step = checkpoint["loop"]["global_step"]
-    if args.total_timesteps < step or args.total_timesteps == step and not checkpoint["run"]["evaluation_due"]:
+    unfinished = checkpoint["run"]["evaluation_due"] or checkpoint["loop"].get("updates_due")  # TD7, ERL: updates
+    if args.total_timesteps <= step and not unfinished:
         fail(f"--total-timesteps {args.total_timesteps} is not beyond the checkpoint's global_step {step}")
     return checkpoint
 
@@ -752,8 +750,7 @@ def check_memory(device, args, networks, buffer):
     """Where the replay `buffer` (built on the meta device: shapes, no memory) can live: the training device when the
     run fits in its free memory (the GPU's, or the host's within a cgroup's limit) with the `networks` (built here on
     the meta device) with gradients and Adam's moments and one update's activations (about four floats per unit of
-    each layer and sample), and on the host each checkpoint's copy of the buffer; for frames on a GPU run, pinned
-    host memory; otherwise fail with one line."""
+    each layer and sample), and on the host each checkpoint's copy of the buffer; otherwise fail with one line."""
     with torch.device("meta"):
         named = [p for net in networks() for p in net.named_parameters()]
     networks_need = 16 * sum(p.numel() * (args.batch_size if "bias" in name else 1) for name, p in named)
@@ -768,7 +765,8 @@ def check_memory(device, args, networks, buffer):
     need[device.type] += networks_need + buffer_need
     if all(need[kind] <= free[kind] for kind in need):
         return device
-    if device.type == "cuda" and isinstance(buffer, FrameReplayBuffer) and 2 * buffer_need <= free["cpu"]:  # pinned
+    # Atari frames of a GPU run, when the GPU has no room for them: in pinned host memory (not capturable in a graph)
+    if device.type == "cuda" and isinstance(buffer, FrameReplayBuffer) and 2 * buffer_need <= free["cpu"]:
         return torch.device("cpu")
     kind = next(kind for kind in (device.type, "cpu") if need[kind] > free[kind])
     fail(f"the run needs {need[kind] / 2**30:.1f} GiB, more than the {free[kind] / 2**30:.1f} GiB free on the "
@@ -776,7 +774,7 @@ def check_memory(device, args, networks, buffer):
 
 
 def tensors(buffer):
-    """A replay buffer's tensors, held directly or in a dict (FrameReplayBuffer's fields)."""
+    """A replay buffer's tensors, held directly or in a dict."""
     values = [v for value in vars(buffer).values() for v in (value.values() if isinstance(value, dict) else [value])]
     return [v for v in values if isinstance(v, torch.Tensor)]
 

@@ -753,8 +753,8 @@ def read_checkpoint(args):
             saved = checkpoint["args"].get(name)
             fail(f"--resume file {args.resume} was made with --{name.replace('_', '-')} {saved}, not {value}")
     step = checkpoint["loop"]["global_step"]
-    due = checkpoint["run"]["evaluation_due"] or checkpoint["loop"]["updates_due"]  # TD7: a burst may be due too
-    if args.total_timesteps < step or args.total_timesteps == step and not due:
+    unfinished = checkpoint["run"]["evaluation_due"] or checkpoint["loop"].get("updates_due")  # TD7, ERL: updates
+    if args.total_timesteps <= step and not unfinished:
         fail(f"--total-timesteps {args.total_timesteps} is not beyond the checkpoint's global_step {step}")
     return checkpoint
 
