@@ -280,8 +280,9 @@ class LAPReplayBuffer:
         """obs, action, reward, terminated, next_obs; reward and terminated of shape (batch, 1)."""
         # Over the whole ring, whose unwritten rows have priority 0: the length stays on the device.
         if self.exact:  # a sum of integers (priorities in units of 2**-20) is exact: the same on every GPU run
+            # and so is an integer draw modulo their total (a float64 draw would be float32 under --compile)
             csum = torch.cumsum((self.priority.double() * 2**20).round().long(), 0)
-            value = (torch.rand(len(self.batch), dtype=torch.float64, device=self.device) * csum[-1]).long()
+            value = torch.randint(0, 2**62, (len(self.batch),), device=self.device) % csum[-1]
             self.idx.copy_(torch.searchsorted(csum, value, right=True).clamp(max=self.length - 1))
         else:
             csum = torch.cumsum(self.priority, 0)

@@ -9,8 +9,8 @@ import td7_continuous as td7
 from tests.conftest import TINY, assert_same, flags_with, load_checkpoint, run_cli, run_main, signal_when, start_cli
 
 
-def filled_buffer(n=64, capacity=128, batch_size=5000):
-    rb = td7.LAPReplayBuffer(capacity, obs_dim=3, act_dim=2, batch_size=batch_size, device=torch.device("cpu"))
+def filled_buffer(n=64, capacity=128, batch_size=5000, device="cpu"):
+    rb = td7.LAPReplayBuffer(capacity, obs_dim=3, act_dim=2, batch_size=batch_size, device=torch.device(device))
     g = np.random.default_rng(0)
     rb.add(g.normal(size=(n, 3)), g.uniform(-1, 1, (n, 2)), g.normal(size=n), np.zeros(n), g.normal(size=(n, 3)))
     return rb
@@ -29,17 +29,19 @@ def test_lap_huber_by_hand():
     assert td7.LAP_huber(td, min_priority=3.0).item() == pytest.approx((0.125 + 2.0 + 0.5) / 2)
 
 
-@pytest.mark.parametrize("exact", [False, True])
-def test_lap_samples_in_proportion_to_priority(exact):
+@pytest.mark.parametrize("exact, compiled", [(False, False), (True, False), (True, True)])
+def test_lap_samples_in_proportion_to_priority(exact, compiled):
     """The sum runs over the whole ring (the length stays on the device), half of it unwritten; with a float sum, or
-    the exact integer one of a deterministic GPU run."""
+    the exact integer one of a deterministic GPU run, also under torch.compile (its draws are integers: a float64
+    draw would be float32 under inductor on a GPU, tests/test_gpu.py)."""
     rb = filled_buffer(n=4, capacity=8)
     rb.exact = exact
     rb.priority[:4] = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    sample = torch.compile(rb.sample) if compiled else rb.sample
     torch.manual_seed(0)
     counts = torch.zeros(4)
     for _ in range(20):
-        rb.sample()
+        sample()
         counts += torch.bincount(rb.idx, minlength=4)
     freq = counts / counts.sum()
     # 100k draws: the standard error of each frequency is below 0.0015; a uniform sampler gives 0.25 each.
