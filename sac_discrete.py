@@ -320,27 +320,35 @@ class FrameReplayBuffer:
                        "action": zeros(torch.long), "reward": zeros(torch.float32), "terminated": zeros(torch.float32),
                        "valid": zeros(torch.bool)}  # valid: the row starts a transition whose frames are all there
         self.pos = np.full(num_envs, -1)  # each env's row of its current observation
+        self.steps = np.zeros(num_envs, dtype=np.int64)  # and how many steps into its episode that is
         self.new_episode = np.ones(num_envs, dtype=bool)
 
     def add(self, obs, action, reward, terminated, next_obs, done):
-        """Store one vector step's transitions."""
-        f, envs = self.fields, np.arange(len(obs))
+        """Store one vector step's transitions from one upload: its numbers (each env's row and next row, its steps
+        into the episode there, kept on the host too, its action, reward and termination) and its frames, as bytes."""
         pos = np.where(self.new_episode, (self.pos + 1) % self.rows, self.pos)  # a reset observation: a new row
-        starts = self.new_episode
-        f["frame"][envs[starts], pos[starts]] = torch.as_tensor(np.asarray(obs)[starts, -1]).to(f["frame"].device)
-        f["steps"][envs[starts], pos[starts]] = 0
-        for name, value in [("action", action), ("reward", reward), ("terminated", terminated)]:
-            f[name][envs, pos] = torch.as_tensor(np.asarray(value), dtype=f[name].dtype).to(f[name].device)
-        f["valid"][envs, pos] = True
-        # The next observation's newest frame goes to the next row, which no longer starts a transition; the rows
-        # whose frames reach back to it (the oldest of the ring) cannot be sampled any more.
-        nxt = (pos + 1) % self.rows
-        f["frame"][envs, nxt] = torch.as_tensor(np.asarray(next_obs)[:, -1]).to(f["frame"].device)
-        f["steps"][envs, nxt] = (f["steps"][envs, pos] + 1).clamp(max=self.stack - 1)
-        for j in range(self.stack):
-            f["valid"][envs, (nxt + j) % self.rows] = False
-        self.pos = nxt
+        steps = np.where(self.new_episode, 0, self.steps)
+        self.pos = (pos + 1) % self.rows  # the next observation's newest frame: a row that starts no transition yet
+        self.steps = np.minimum(steps + 1, self.stack - 1)
         self.new_episode = np.asarray(done, dtype=bool).copy()
+        numbers = np.stack([np.arange(len(obs)), pos, self.pos, steps, self.steps, action, reward, terminated], 1)
+        numbers = numbers.astype(np.float64)  # exact for these integers and float32s
+        frames = np.stack([np.asarray(obs)[:, -1], np.asarray(next_obs)[:, -1]])
+        packed = upload(np.concatenate([numbers.view(np.uint8).ravel(), frames.ravel()]), self.fields["frame"].device)
+        numbers = packed[: numbers.nbytes].view(torch.float64).view(numbers.shape)
+        frames = packed[numbers.nbytes :].view(frames.shape)
+        env, pos, nxt, steps, next_steps, action = numbers[:, :6].long().unbind(1)
+        f = self.fields
+        f["frame"][env, pos] = frames[0]  # the frame already there, unless the observation starts an episode
+        f["frame"][env, nxt] = frames[1]
+        f["steps"][env, pos] = steps
+        f["steps"][env, nxt] = next_steps
+        f["action"][env, pos] = action
+        f["reward"][env, pos] = numbers[:, 6].float()
+        f["terminated"][env, pos] = numbers[:, 7].float()
+        f["valid"][env, pos] = True
+        # The rows whose frames reach back to the next row (the oldest of the ring) cannot be sampled any more.
+        f["valid"][env[:, None], (nxt[:, None] + torch.arange(self.stack, device=nxt.device)) % self.rows] = False
 
     def frames(self, env, row):
         """The stacked observation whose newest frame is at `row`: (batch, stack, H, W)."""
@@ -350,8 +358,11 @@ class FrameReplayBuffer:
 
     def sample(self):
         """obs, action, reward, terminated, next_obs, as ReplayBuffer.sample."""
-        valid = self.fields["valid"].flatten()
-        flat = torch.multinomial(valid.float(), self.batch_size, replacement=True)
+        # Uniform over the valid rows, exactly and deterministically: an integer draw modulo their count, found in
+        # their running count by a binary search.
+        count = torch.cumsum(self.fields["valid"].flatten(), 0)
+        draws = torch.randint(0, 2**62, (self.batch_size,), device=count.device) % count[-1]
+        flat = torch.searchsorted(count, draws, right=True)
         env, row = flat // self.rows, flat % self.rows
         f = self.fields
         batch = [self.frames(env, row), f["action"][env, row], f["reward"][env, row][:, None],
@@ -765,8 +776,10 @@ def check_memory(device, args, networks, buffer):
     need[device.type] += networks_need + buffer_need
     if all(need[kind] <= free[kind] for kind in need):
         return device
-    # Atari frames of a GPU run, when the GPU has no room for them: in pinned host memory (not capturable in a graph)
-    if device.type == "cuda" and isinstance(buffer, FrameReplayBuffer) and 2 * buffer_need <= free["cpu"]:
+    # Atari frames of a GPU run, when the GPU has no room for them: in pinned host memory (not capturable in a graph),
+    # where torch's allocator rounds each tensor up to a power of two bytes.
+    pinned = sum(1 << (t.numel() * t.element_size() - 1).bit_length() for t in tensors(buffer))
+    if device.type == "cuda" and isinstance(buffer, FrameReplayBuffer) and pinned + buffer_need <= free["cpu"]:
         return torch.device("cpu")
     kind = next(kind for kind in (device.type, "cpu") if need[kind] > free[kind])
     fail(f"the run needs {need[kind] / 2**30:.1f} GiB, more than the {free[kind] / 2**30:.1f} GiB free on the "

@@ -1,5 +1,6 @@
 """Unit tests of the parts of SAC that are easy to get subtly wrong, continuous and discrete, and the Atari path."""
 
+import io
 import math
 
 import numpy as np
@@ -232,3 +233,51 @@ def test_default_atari_replay_fits_a_24_gb_gpu():
     rb = sac_discrete.FrameReplayBuffer(1_000_000, (4, 84, 84), 1, 64, torch.device("meta"))
     size = sum(t.numel() * t.element_size() for t in rb.fields.values())
     assert 7.0e9 < size < 7.2e9
+
+
+def test_frame_buffer_uploads_once_per_step_and_samples_valid_rows_uniformly(monkeypatch):
+    """One upload per vector step (on a GPU: one asynchronous copy from pinned memory, not one blocking copy per
+    field and index); a batch drawn uniformly over the rows that start a transition (each row's observation told by
+    its newest frame), exactly (integer draws, no float prefix sum) and again the same from the same seed."""
+    uploads = []
+    upload = sac_discrete.upload
+    monkeypatch.setattr(sac_discrete, "upload", lambda array, device: uploads.append(array) or upload(array, device))
+    rb = sac_discrete.FrameReplayBuffer(20, (4, 2, 2), 2, 100_000, torch.device("cpu"))
+    for step in range(30):
+        obs = np.stack([np.full((4, 2, 2), 2 * step + env, np.uint8) for env in range(2)])
+        rb.add(obs, np.array([1, 2]), np.ones(2, np.float32), np.zeros(2, np.float32), obs + 2, [False, step == 9])
+    assert len(uploads) == 30
+    torch.manual_seed(0)
+    batch = rb.sample()
+    hits = torch.bincount(batch[0][:, -1, 0, 0].long()).float()
+    hits = hits[hits > 0]
+    assert len(hits) == rb.fields["valid"].sum() > 10  # every valid row is drawn, and no other
+    expected = 100_000 / len(hits)
+    # each row's count is binomial: within 5 standard deviations of the mean
+    assert ((hits - expected).abs() < 5 * expected**0.5).all(), hits
+    torch.manual_seed(0)
+    assert all(torch.equal(x, y) for x, y in zip(batch, rb.sample()))
+
+
+def test_pinned_frames_are_counted_as_the_allocator_rounds_them(monkeypatch):
+    """Frames a GPU has no room for go to pinned host memory, whose allocator rounds each tensor up to a power of
+    two: 1e6 Atari transitions take 8.6 GB there instead of 7.1, beside the checkpoint's 7.1 GB host copy."""
+    args = sac_discrete.Args(buffer_size=1_000_000, batch_size=64)
+    meta = sac_discrete.FrameReplayBuffer(1_000_000, (4, 84, 84), 1, 64, torch.device("cuda"), torch.device("meta"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2**30, 2**30))
+    opened = open
+
+    def fake_open(path, *rest):
+        if str(path) == "/proc/meminfo":
+            return io.StringIO(f"MemAvailable: {int(free) // 1024} kB\n")
+        if str(path).startswith("/sys/fs/cgroup"):
+            raise OSError("no cgroup")
+        return opened(path, *rest)
+
+    monkeypatch.setattr("builtins.open", fake_open)
+    networks = lambda: [sac_discrete.Actor((4, 84, 84), 6)]  # noqa: E731
+    free = 15.5e9  # enough for twice 7.1 GB, not for 8.6 + 7.1
+    with pytest.raises(SystemExit, match="free on the"):
+        sac_discrete.check_memory(torch.device("cuda"), args, networks, meta)
+    free = 15.8e9
+    assert sac_discrete.check_memory(torch.device("cuda"), args, networks, meta).type == "cpu"
