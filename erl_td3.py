@@ -843,6 +843,9 @@ def tensors(buffer):
 def accelerate(step, args):
     """An update step (a callable without arguments) as it runs: as it is, torch.compile'd (--compile), and/or
     captured as one CUDA graph (--cudagraphs)."""
+    # Each learner's steps are the same functions on other tensors: one compilation each, past dynamo's default limit
+    # of 8 a function (beyond it, dynamo would silently run them eagerly).
+    torch._dynamo.config.cache_size_limit = max(8, 2 * args.num_rl_agents)
     step = torch.compile(step) if args.compile else step
     return CudaGraph(step) if args.cudagraphs else step
 

@@ -293,3 +293,27 @@ def test_signal_during_a_generations_updates(tmp_path):
         a.pop(key), b.pop(key)
     assert_same(a, b)
     assert b["loop"]["updates_due"] == 0 and b["loop"]["generation"] == 2
+
+
+def test_compile_keeps_compiling_every_learners_steps(tmp_path, monkeypatch):
+    """--compile with 6 learners: each learner's steps are the same functions on other tensors, one compilation each,
+    more than dynamo's default limit of 8 a function allows; past it dynamo would run them eagerly without a word.
+    Dynamo is told to fail instead, and traces with its eager backend (the limit is dynamo's, not inductor's)."""
+    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)
+    compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda step: compile(step, backend="eager"))
+    flags = flags_with(
+        TINY,
+        env_id="Pendulum-v1",
+        total_timesteps=1000,
+        learning_starts=400,
+        pop_size=7,
+        num_elites=1,
+        num_rl_agents=6,
+        eval_freq=0,
+    ) + ["--compile"]
+    torch._dynamo.reset()
+    try:
+        assert run_main("erl_td3", flags, tmp_path, monkeypatch)["global_step"] >= 1000
+    finally:
+        torch._dynamo.reset()
