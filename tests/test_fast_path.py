@@ -1,4 +1,4 @@
-"""The fast path on the CPU (README, "The GPU fast path"): the update steps that --compile compiles and --cudagraphs
+"""The fast path on the CPU (docs/fast_path.md): the update steps that --compile compiles and --cudagraphs
 captures run on the meta device (so nothing in them reads a value back to the host), keep every tensor they touch in
 one place in memory (a CUDA graph replays fixed addresses), --compile
 computes what eager computes within float rounding, and it compiles once: no recompile as the buffer fills and wraps,

@@ -1,4 +1,4 @@
-"""The layout every script shares (README, "How a script is laid out"): the algorithm on top, `main` short and flat,
+"""The layout every script shares (docs/layout.md): the algorithm on top, `main` short and flat,
 the run machinery below one banner; and the one registry of what a checkpoint holds, which nothing escapes."""
 
 import ast
