@@ -35,7 +35,7 @@ Deliberate choices and differences:
   td3_continuous.py's.
 - Losses are logged as their mean over each generation's updates (of all learners), at its end.
 - --compile and --cudagraphs (both off by default; off computes exactly what it always did) run each update
-  as a compiled callable or a replayed CUDA graph: README, "The GPU fast path".
+  as a compiled callable or a replayed CUDA graph: docs/fast_path.md.
 
 The file has two parts: the algorithm, from here to `main`, and below the banner after it the run
 machinery, which changes nothing that is computed.
@@ -78,11 +78,11 @@ class Args:
     seed: int = 1
     """seed of the experiment (python, numpy, torch and the envs)"""
     torch_deterministic: bool = True
-    """on a GPU, deterministic algorithms wherever PyTorch has them (README, "Reproducibility on a GPU")"""
+    """on a GPU, deterministic algorithms wherever PyTorch has them (docs/fast_path.md)"""
     cuda: bool = True
     """use the GPU if there is one"""
     torch_threads: int = 1
-    """CPU threads for torch: 1 does not slow down when other work shares the cores (README, Threads); 0 keeps
+    """CPU threads for torch: 1 does not slow down when other work shares the cores (docs/command_line.md); 0 keeps
     torch's default, one per core"""
     track: bool = False
     """log to Weights and Biases (set WANDB_MODE=offline to log without a network)"""

@@ -24,7 +24,7 @@ algorithm:
   waits for the device, except every --log-freq updates to log; an env step waits only for its action.
 - Evaluation is deterministic: the mode of the policy, tanh(mean).
 - --compile and --cudagraphs (both off by default; off computes exactly what it always did) run each update
-  as a compiled callable or a replayed CUDA graph: README, "The GPU fast path".
+  as a compiled callable or a replayed CUDA graph: docs/fast_path.md.
 - Added: periodic deterministic evaluation, checkpoints with --resume, SIGINT/SIGTERM handling,
   a guard against non-finite losses, and one-line errors for bad input.
 
@@ -69,11 +69,11 @@ class Args:
     seed: int = 1
     """seed of the experiment (python, numpy, torch and the envs)"""
     torch_deterministic: bool = True
-    """on a GPU, deterministic algorithms wherever PyTorch has them (README, "Reproducibility on a GPU")"""
+    """on a GPU, deterministic algorithms wherever PyTorch has them (docs/fast_path.md)"""
     cuda: bool = True
     """use the GPU if there is one"""
     torch_threads: int = 1
-    """CPU threads for torch: 1 does not slow down when other work shares the cores (README, Threads); 0 keeps
+    """CPU threads for torch: 1 does not slow down when other work shares the cores (docs/command_line.md); 0 keeps
     torch's default, one per core"""
     track: bool = False
     """log to Weights and Biases (set WANDB_MODE=offline to log without a network)"""
