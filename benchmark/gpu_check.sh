@@ -1,23 +1,125 @@
 #!/usr/bin/env bash
-# The GPU checks in one command, on a machine with one CUDA GPU and this repository installed (nothing to download):
-# tests/test_gpu.py (every script with --cuda, --compile and --cudagraphs; graphs against eager; no sync inside an
-# update; a GPU checkpoint resumed on the CPU; model.pt loaded without CUDA), then the speed table of all five scripts
-# on the GPU, eager / compile / cudagraphs / compile+cudagraphs (benchmark/speed.py's workload, 3000 updates, one run
-# each). Writes the test summary and the table to OUT (default benchmark/results/gpu_check_DATE.md).
+# The GPU check, in phases that each fit one command of the device machine (one H200; python3 3.12 with torch,
+# numpy, tensorboard, pytest, matplotlib, rich, but no gymnasium, mujoco or tyro, and nothing to download from):
 #
-#     bash benchmark/gpu_check.sh [OUT]
-set -euo pipefail
+#     bash benchmark/gpu_check.sh wheels     # HERE, once: the missing packages as wheels, into .whl/ (git-ignored)
+#     bash benchmark/gpu_check.sh tests      # there: install from .whl/; tests/test_gpu.py but --compile's
+#     bash benchmark/gpu_check.sh compile    # there: install; tests/test_gpu.py's --compile tests (cold compiles)
+#     bash benchmark/gpu_check.sh speed      # there: install; the speed table, 5 scripts x 3 modes
+#     bash benchmark/gpu_check.sh all        # there: tests, speed, compile in one command, in that order (the
+#                                            # table's compiled rows fill the cache the compile tests then use)
+#     bash benchmark/gpu_check.sh rehearse   # HERE: the same steps without CUDA (see below)
+#
+# With the device tool: run(command="bash benchmark/gpu_check.sh all", carry=[".whl"], timeout_s=560). One command
+# spends one machine start, and its phases share the compiled updates in $CACHE (a machine goes back 30 s after a
+# command, and its cache with it); what a phase wrote comes back even if the command runs out of time. Then, with a
+# fix, one phase again if the time left allows a start (4 minutes). Times: docs/fast_path.md, "The GPU check".
+#
+# Everything goes under $OUT when it is set (the device tool's folder, the only one that comes back), else under
+# benchmark/results/gpu_check_DATE/: log.txt (every step's output), pytest.txt and pytest-compile.txt (pytest's
+# summary, its durations and exit status), speed.md (the table, a row as each run ends), status.txt (each step's exit status). The exit status
+# is non-zero when any step failed; no step's failure stops the next one.
+#
+# tests/test_gpu.py and the table run the same shapes (benchmark/speed.py's workload: batch 256, the default
+# networks and buffer), so each update is compiled once, into one inductor cache ($CACHE), for both.
+#
+# rehearse: in a fresh virtual environment holding only what the device has (torch, numpy, tensorboard, pytest,
+# matplotlib, rich and the like, no gymnasium, mujoco or tyro), the wheels of .whl-rehearsal/ (this machine's python
+# version) installed as the device installs them; then the test collection, the CPU half of the tests
+# (tests/test_fast_path.py, tests/test_gpu.py skipping) and the table's CPU rows (eager and compile).
+set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-benchmark/results/gpu_check_$(date +%F).md}
-python -c "import torch; assert torch.cuda.is_available(), 'no CUDA GPU'" || exit 1
-mkdir -p "$(dirname "$out")"
-{
-  echo "# GPU check, $(date -u '+%F %H:%M UTC'): $(python -c 'import torch; print(torch.cuda.get_device_name(), "torch", torch.__version__)')"
-  echo
-  echo '```'
-  python -m pytest tests/test_gpu.py -q -p no:cacheprovider 2>&1 | tail -25
-  echo '```'
-} > "$out" || true
-python benchmark/speed.py --devices cuda --modes eager compile cudagraphs compile+cudagraphs --updates 3000 \
-  --repeats 1 --out "$out"
-cat "$out"
+phase=${1:-all}
+PYTHON=${PYTHON:-python3}
+OUT=${OUT:-benchmark/results/gpu_check_$(date +%F)}
+CACHE=${CACHE:-/tmp/rl-singlefile-inductor}
+export TORCHINDUCTOR_CACHE_DIR=$CACHE TRITON_CACHE_DIR=$CACHE/triton PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+failed=0
+
+# The packages the device lacks, at the versions this project is tested with, and what they need that it lacks too.
+WHEELS="gymnasium==1.4.0 farama-notifications==0.0.6 mujoco==4.0.0 mujoco-core==4.0.0 mujoco-studio==4.0.0
+  websockets==17.4 glfw==2.11.0 pyopengl==3.1.10 tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.1
+  typing-extensions==4.16.0"
+# What the device has and these need; the rehearsal's environment gets them from PyPI (torch: its CPU build).
+DEVICE_HAS="numpy tensorboard pytest matplotlib rich cloudpickle absl-py etils fsspec zipp pillow imageio"
+
+step() {  # step NAME COMMAND...: run it, its output into log.txt (and the terminal), its exit status into status.txt
+  local name=$1
+  shift
+  echo "== $name: $* ($(date -u +%T))" | tee -a "$OUT/log.txt"
+  local start=$SECONDS
+  "$@" 2>&1 | tee -a "$OUT/log.txt"
+  local rc=${PIPESTATUS[0]}
+  echo "$name: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/log.txt" >>"$OUT/status.txt"
+  [ "$rc" -eq 0 ] || failed=1
+  return "$rc"
+}
+
+download() {  # download DIR PYTHON_VERSION: the wheels, afresh
+  rm -rf "$1"
+  "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version "$2" --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$1" $WHEELS
+}
+
+install() {  # install DIR: as the device tool's README installs carried wheels
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$1"/*.whl
+}
+
+gpu_tests() {  # gpu_tests NAME PYTEST_ARGS...: pytest's output and exit status into NAME.txt
+  local name=$1
+  shift
+  "$PYTHON" -m pytest -q -p no:cacheprovider --durations=0 -rfEs "$@" >"$OUT/$name.txt" 2>&1
+  local rc=$?
+  cat "$OUT/$name.txt"
+  echo "pytest exit status $rc" | tee -a "$OUT/$name.txt"
+  return $rc
+}
+
+table() {  # table DEVICE MODE...
+  local device=$1
+  shift
+  "$PYTHON" benchmark/speed.py --devices "$device" --modes "$@" --updates 1000 --repeats 1 --out "$OUT/speed.md"
+}
+
+case $phase in
+wheels)
+  grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >>.git/info/exclude
+  download .whl 3.12 && ls -la .whl && du -sh .whl
+  exit $?
+  ;;
+rehearse)
+  grep -qx '/.whl-rehearsal/' .git/info/exclude 2>/dev/null || echo '/.whl-rehearsal/' >>.git/info/exclude
+  version=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+  step wheels download .whl-rehearsal "$version"
+  venv=/tmp/gpu-check-rehearsal
+  step device-like-environment bash -c "rm -rf $venv /tmp/site && $PYTHON -m venv $venv &&
+    $venv/bin/python -m pip install -q torch==2.13.0 $DEVICE_HAS"
+  PYTHON=$venv/bin/python
+  step install install .whl-rehearsal
+  export PYTHONPATH=/tmp/site CUDA_VISIBLE_DEVICES=
+  step collection "$PYTHON" -m pytest tests --collect-only -q -p no:cacheprovider
+  step tests gpu_tests pytest tests/test_fast_path.py tests/test_gpu.py
+  step table table cpu eager compile
+  ;;
+tests | compile | speed | all)
+  "$PYTHON" -c 'import torch; assert torch.cuda.is_available(), "no CUDA GPU"' || exit 1
+  if [ -d .whl ]; then
+    step install install .whl || exit 1
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  step machine bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; $PYTHON -c \
+    'import torch, gymnasium, mujoco, tyro; print(torch.__version__, torch.cuda.get_device_name(), gymnasium.__version__,
+    mujoco.__version__)'" || exit 1
+  if [ "$phase" = tests ] || [ "$phase" = all ]; then step tests gpu_tests pytest tests/test_gpu.py -k "not compile"; fi
+  if [ "$phase" = speed ] || [ "$phase" = all ]; then step table table cuda eager cudagraphs compile+cudagraphs; fi
+  if [ "$phase" = compile ] || [ "$phase" = all ]; then step compile gpu_tests pytest-compile tests/test_gpu.py -k compile; fi
+  ;;
+*)
+  echo "usage: bash benchmark/gpu_check.sh wheels|tests|compile|speed|all|rehearse" >&2
+  exit 2
+  ;;
+esac
+echo "== done: $([ $failed -eq 0 ] && echo 'every step passed' || echo 'FAILED (status.txt)'); everything in $OUT"
+exit $failed

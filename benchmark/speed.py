@@ -54,6 +54,18 @@ def steady_sps(points, start):
     return (end_step - mid_step) / (end_time - mid_time) if end_time > mid_time else float("nan")
 
 
+def workload_flags(script, device, updates, threads=None, mode="eager"):
+    """The workload's command line for `script` (a name with or without .py). tests/test_gpu.py runs its GPU checks
+    with these shapes (env, batch, buffer, networks), so that a device check compiles each update once for both."""
+    script = Path(script).stem + ".py"
+    flags = ["--env-id", WORKLOAD_ENV[script], "--batch-size", "256", "--learning-starts", "1000"]
+    flags += ["--total-timesteps", str(1000 + updates), "--eval-freq", "0", "--eval-episodes", "1"]
+    flags += ["--checkpoint-freq", "0", "--cuda" if device == "cuda" else "--no-cuda"]
+    flags += [] if threads is None else ["--torch-threads", str(threads)]
+    flags += [] if script == "erl_td3.py" else ["--log-freq", "100"]  # ERL logs once per generation
+    return flags + MODE_FLAGS[mode]
+
+
 def child(script, device, updates, threads, mode="eager"):
     """Run the workload in this process; print one JSON line with the measurements."""
     import torch
@@ -63,26 +75,7 @@ def child(script, device, updates, threads, mode="eager"):
     spec = importlib.util.spec_from_file_location(Path(script).stem, REPO / script)
     module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # torch.compile looks modules up by name
     spec.loader.exec_module(module)
-    flags = [
-        "--env-id",
-        WORKLOAD_ENV[script],
-        "--batch-size",
-        "256",
-        "--learning-starts",
-        "1000",
-        "--total-timesteps",
-        str(1000 + updates),
-        "--eval-freq",
-        "0",
-        "--eval-episodes",
-        "1",
-        "--checkpoint-freq",
-        "0",
-        "--cuda" if device == "cuda" else "--no-cuda",
-    ]
-    flags += [] if threads is None else ["--torch-threads", str(threads)]
-    flags += [] if script == "erl_td3.py" else ["--log-freq", "100"]  # ERL logs once per generation
-    flags += MODE_FLAGS[mode]
+    flags = workload_flags(script, device, updates, threads, mode)
     summary = module.main(tyro.cli(module.Args, args=flags))
     events = EventAccumulator(summary["run_dir"], size_guidance={"scalars": 0})
     events.Reload()
@@ -127,7 +120,16 @@ def main():
 
     devices = args.devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
     machine = torch.cuda.get_device_name() if "cuda" in devices else f"{platform.processor() or platform.machine()}"
-    rows = []
+    header = (
+        f"\n## {datetime.date.today()}: {os.cpu_count()} cores, {machine}, torch {torch.__version__}, "
+        f"--torch-threads {'default' if args.threads is None else args.threads}, {args.load} busy processes "
+        f"beside, {args.updates} updates, median of {args.repeats} runs\n\n"
+        "| script | device | mode | steps/s (median) | range | steps/s steady (median) | peak RSS (MiB) | "
+        "peak CUDA (MiB) |\n|---|---|---|---|---|---|---|---|\n"
+    )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    write(args.out, header)  # then each row as it comes: a run that fails or is killed loses none before it
+    failed = []
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
     for script, device, mode in [
         (s, d, m) for s in args.scripts for d in devices for m in args.modes if d == "cuda" or "cudagraphs" not in m
@@ -141,29 +143,32 @@ def main():
                 cwd=tempfile.mkdtemp(),
             )
             if out.returncode:
-                sys.exit(f"{script} on {device} ({mode}) failed:\n{out.stderr[-2000:]}")
+                failed.append(f"{script} on {device} ({mode}) failed:\n{out.stderr[-3000:]}")
+                print(failed[-1], file=sys.stderr, flush=True)
+                break
             runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        if len(runs) < args.repeats:
+            write(args.out, f"| {script} | {device} | {mode} | failed (exit {out.returncode}) | | | | |\n")
+            continue
         sps, steady = sorted(m["sps"] for m in runs), statistics.median(m["steady_sps"] for m in runs)
         cuda = f"{max(m['peak_cuda_mib'] for m in runs):.0f}" if device == "cuda" else "-"
-        rows.append(
+        write(
+            args.out,
             f"| {script} | {device} | {mode} | {statistics.median(sps):.0f} | {sps[0]:.0f}-{sps[-1]:.0f} | "
-            f"{steady:.0f} | {max(m['peak_rss_mib'] for m in runs):.0f} | {cuda} |"
+            f"{steady:.0f} | {max(m['peak_rss_mib'] for m in runs):.0f} | {cuda} |\n",
         )
-        print(rows[-1], flush=True)
     for process in busy:
         process.kill()
-    header = (
-        f"\n## {datetime.date.today()}: {os.cpu_count()} cores, {machine}, torch {torch.__version__}, "
-        f"--torch-threads {'default' if args.threads is None else args.threads}, {args.load} busy processes "
-        f"beside, {args.updates} updates, "
-        f"median of {args.repeats} runs\n\n"
-        "| script | device | mode | steps/s (median) | range | steps/s steady (median) | peak RSS (MiB) | "
-        "peak CUDA (MiB) |\n|---|---|---|---|---|---|---|---|\n"
-    )
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "a") as f:
-        f.write(header + "\n".join(rows) + "\n")
     print(f"appended to {args.out}")
+    if failed:
+        sys.exit(f"{len(failed)} of the table's rows failed (their errors above)")
+
+
+def write(path, text):
+    """Append `text` to the table at `path` and print it."""
+    print(text, end="", flush=True)
+    with open(path, "a") as f:
+        f.write(text)
 
 
 if __name__ == "__main__":
