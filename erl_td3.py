@@ -673,10 +673,11 @@ def check_args(args):
     positive += ["policy_frequency", "learning_rate", "tau"]
     non_negative = ["learning_starts", "eval_freq", "checkpoint_freq", "torch_threads", "policy_noise"]
     non_negative += ["noise_clip", "exploration_noise"]
+    unit_interval = ["gamma", "tau"]
     positive += ["num_rl_agents", "pop_size", "num_elites", "tournament_size", "episodes_for_fitness"]  # ERL's too
     positive += ["rl_injection_interval", "weight_max_magnitude"]
     non_negative += ["utd_ratio", "mutation_strength", "super_mutation_strength"]
-    unit_interval = ["crossover_prob", "mutation_prob", "mutation_frac", "super_mutation_prob", "reset_prob"]
+    unit_interval += ["crossover_prob", "mutation_prob", "mutation_frac", "super_mutation_prob", "reset_prob"]
     for name, value in asdict(args).items():
         flag = "--" + name.replace("_", "-")
         if isinstance(value, float) and not np.isfinite(value):
@@ -687,8 +688,6 @@ def check_args(args):
             fail(f"{flag} must lie in [0, 1], got {value}")
     wandb_key = os.environ.get("WANDB_API_KEY") or os.path.exists(os.path.expanduser("~/.netrc"))
     problems = {
-        f"--gamma must lie in [0, 1], got {args.gamma}": not 0 <= args.gamma <= 1,
-        f"--tau must lie in [0, 1], got {args.tau}": args.tau > 1,
         f"--seed must lie in [0, 2**31), got {args.seed}": not 0 <= args.seed < 2**31,
         "--eval-episodes must be at most 1000": args.eval_episodes > 1000,
         f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}": (
@@ -843,9 +842,9 @@ def tensors(buffer):
 def accelerate(step, args):
     """An update step (a callable without arguments) as it runs: as it is, torch.compile'd (--compile), and/or
     captured as one CUDA graph (--cudagraphs)."""
-    # Each learner's steps are the same functions on other tensors: one compilation each, past dynamo's default limit
-    # of 8 a function (beyond it, dynamo would silently run them eagerly).
-    torch._dynamo.config.cache_size_limit = max(8, 2 * args.num_rl_agents)
+    # Steps made from one function (ERL's learners') are one compilation each, and dynamo silently runs a function
+    # eagerly once it has compiled it cache_size_limit times (8): each step made raises the limit by one.
+    torch._dynamo.config.cache_size_limit += 1
     step = torch.compile(step) if args.compile else step
     return CudaGraph(step) if args.cudagraphs else step
 

@@ -624,16 +624,17 @@ def check_args(args):
     positive += ["adam_eps", "update_frequency", "target_network_frequency", "policy_lr", "q_lr", "tau", "alpha"]
     positive += ["target_entropy_ratio"]
     non_negative = ["learning_starts", "eval_freq", "checkpoint_freq", "torch_threads"]
+    unit_interval = ["gamma", "tau"]
     for name, value in asdict(args).items():
         flag = "--" + name.replace("_", "-")
         if isinstance(value, float) and not np.isfinite(value):
             fail(f"{flag} must be a finite number, got {value}")
         if name in positive and value <= 0 or name in non_negative and value < 0:
             fail(f"{flag} must be {'positive' if name in positive else 'non-negative'}, got {value}")
+        if name in unit_interval and not 0 <= value <= 1:
+            fail(f"{flag} must lie in [0, 1], got {value}")
     wandb_key = os.environ.get("WANDB_API_KEY") or os.path.exists(os.path.expanduser("~/.netrc"))
     problems = {
-        f"--gamma must lie in [0, 1], got {args.gamma}": not 0 <= args.gamma <= 1,
-        f"--tau must lie in [0, 1], got {args.tau}": args.tau > 1,
         f"--seed must lie in [0, 2**31), got {args.seed}": not 0 <= args.seed < 2**31,
         "--eval-episodes must be at most 1000": args.eval_episodes > 1000,
         f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}": (
@@ -673,8 +674,7 @@ def check_env(args):
         fail(f"cannot make --env-id {args.env_id!r}: {first_line(e)}{hint}")
     obs_space, act_space = env.observation_space, env.action_space
     if not isinstance(act_space, gym.spaces.Discrete):
-        fail(f"{args.env_id} has a {type(act_space).__name__} action space; SAC here needs a Discrete one, "
-             "see sac_continuous.py")
+        fail(f"{args.env_id} has a {type(act_space).__name__} action space; SAC here needs Discrete: sac_continuous.py")
     if act_space.start != 0:
         fail(f"{args.env_id} has actions {act_space}, numbered from {act_space.start}; this script needs them from 0")
     if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1 or is_atari(args.env_id)):
@@ -776,8 +776,7 @@ def check_memory(device, args, networks, buffer):
     need[device.type] += networks_need + buffer_need
     if all(need[kind] <= free[kind] for kind in need):
         return device
-    # Atari frames of a GPU run, when the GPU has no room for them: in pinned host memory (not capturable in a graph),
-    # where torch's allocator rounds each tensor up to a power of two bytes.
+    # Atari frames of a GPU run with no room there: pinned host memory, whose allocator rounds to powers of two bytes
     pinned = sum(1 << (t.numel() * t.element_size() - 1).bit_length() for t in tensors(buffer))
     if device.type == "cuda" and isinstance(buffer, FrameReplayBuffer) and pinned + buffer_need <= free["cpu"]:
         return torch.device("cpu")
@@ -795,6 +794,9 @@ def tensors(buffer):
 def accelerate(step, args):
     """An update step (a callable without arguments) as it runs: as it is, torch.compile'd (--compile), and/or
     captured as one CUDA graph (--cudagraphs)."""
+    # Steps made from one function (ERL's learners') are one compilation each, and dynamo silently runs a function
+    # eagerly once it has compiled it cache_size_limit times (8): each step made raises the limit by one.
+    torch._dynamo.config.cache_size_limit += 1
     step = torch.compile(step) if args.compile else step
     return CudaGraph(step) if args.cudagraphs else step
 

@@ -415,16 +415,17 @@ def check_args(args):
     positive += ["policy_frequency", "learning_rate", "tau"]
     non_negative = ["learning_starts", "eval_freq", "checkpoint_freq", "torch_threads", "policy_noise"]
     non_negative += ["noise_clip", "exploration_noise"]
+    unit_interval = ["gamma", "tau"]
     for name, value in asdict(args).items():
         flag = "--" + name.replace("_", "-")
         if isinstance(value, float) and not np.isfinite(value):
             fail(f"{flag} must be a finite number, got {value}")
         if name in positive and value <= 0 or name in non_negative and value < 0:
             fail(f"{flag} must be {'positive' if name in positive else 'non-negative'}, got {value}")
+        if name in unit_interval and not 0 <= value <= 1:
+            fail(f"{flag} must lie in [0, 1], got {value}")
     wandb_key = os.environ.get("WANDB_API_KEY") or os.path.exists(os.path.expanduser("~/.netrc"))
     problems = {
-        f"--gamma must lie in [0, 1], got {args.gamma}": not 0 <= args.gamma <= 1,
-        f"--tau must lie in [0, 1], got {args.tau}": args.tau > 1,
         f"--seed must lie in [0, 2**31), got {args.seed}": not 0 <= args.seed < 2**31,
         "--eval-episodes must be at most 1000": args.eval_episodes > 1000,
         f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}": (
@@ -575,6 +576,9 @@ def tensors(buffer):
 def accelerate(step, args):
     """An update step (a callable without arguments) as it runs: as it is, torch.compile'd (--compile), and/or
     captured as one CUDA graph (--cudagraphs)."""
+    # Steps made from one function (ERL's learners') are one compilation each, and dynamo silently runs a function
+    # eagerly once it has compiled it cache_size_limit times (8): each step made raises the limit by one.
+    torch._dynamo.config.cache_size_limit += 1
     step = torch.compile(step) if args.compile else step
     return CudaGraph(step) if args.cudagraphs else step
 

@@ -666,19 +666,20 @@ def check_args(args):
     positive += ["max_eps_when_checkpointing", "min_priority", "reset_weight"]  # TD7's flags
     non_negative = ["learning_starts", "eval_freq", "checkpoint_freq", "torch_threads", "policy_noise"]
     non_negative += ["noise_clip", "exploration_noise", "alpha", "lmbda", "steps_before_checkpointing"]  # TD7's
+    unit_interval = ["gamma", "reset_weight"]  # TD7's, for TD3's tau
     for name, value in asdict(args).items():
         flag = "--" + name.replace("_", "-")
         if isinstance(value, float) and not np.isfinite(value):
             fail(f"{flag} must be a finite number, got {value}")
         if name in positive and value <= 0 or name in non_negative and value < 0:
             fail(f"{flag} must be {'positive' if name in positive else 'non-negative'}, got {value}")
+        if name in unit_interval and not 0 <= value <= 1:
+            fail(f"{flag} must lie in [0, 1], got {value}")
         if args.offline and name in OFFLINE_IGNORES and value != getattr(Args, name):  # TD7's offline mode
             fail(f"{flag.replace('--', '--no-' if value is False else '--')} has no effect with --offline: it trains "
                  "on the whole dataset, one update per step, without policy checkpoints")
     wandb_key = os.environ.get("WANDB_API_KEY") or os.path.exists(os.path.expanduser("~/.netrc"))
     problems = {
-        f"--gamma must lie in [0, 1], got {args.gamma}": not 0 <= args.gamma <= 1,
-        f"--reset-weight must lie in [0, 1], got {args.reset_weight}": args.reset_weight > 1,  # TD7's, for TD3's tau
         f"--seed must lie in [0, 2**31), got {args.seed}": not 0 <= args.seed < 2**31,
         "--eval-episodes must be at most 1000": args.eval_episodes > 1000,
         f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}": (
@@ -834,6 +835,9 @@ def tensors(buffer):
 def accelerate(step, args):
     """An update step (a callable without arguments) as it runs: as it is, torch.compile'd (--compile), and/or
     captured as one CUDA graph (--cudagraphs)."""
+    # Steps made from one function (ERL's learners') are one compilation each, and dynamo silently runs a function
+    # eagerly once it has compiled it cache_size_limit times (8): each step made raises the limit by one.
+    torch._dynamo.config.cache_size_limit += 1
     step = torch.compile(step) if args.compile else step
     return CudaGraph(step) if args.cudagraphs else step
 
