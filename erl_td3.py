@@ -9,19 +9,23 @@ one replay buffer, and copies of the learners' actors replace the worst individu
      individual, one batched forward pass of the stacked population per step); fitness = mean return;
   2. each learner runs one episode with N(0, --exploration-noise) noise;
   3. TD3 updates: --utd-ratio critic updates per env step of this generation for each learner, the actor and
-     the targets every --policy-frequency-th (none before --learning-starts env steps are stored);
+     the targets every --policy-frequency-th, once the buffer holds more than --learning-starts transitions (ERL's
+     rule: 5 batches);
   4. the genetic step. With --genetic-step erl (the default), ERL's own (`core/mod_neuro_evo.py`, SSNE.epoch):
      rank by fitness; copies of the --num-elites best go to slots of their own and are spared mutation;
      tournaments (size --tournament-size, over the ranks, with replacement) pick --pop-size minus --num-elites
      winners, duplicates removed, which stay in their slots; every remaining slot is filled, always, by crossover
      of a copy of a random elite with a copy of a random winner; pairs of winners are crossed with
      --crossover-prob; every individual but the elites' copies is mutated with --mutation-prob. Crossover copies
-     whole neurons between two individuals, as ERL's; mutation perturbs a random count of distinct entries of
-     each weight matrix (biases untouched), as ERL's. With --genetic-step mutation-only, EvoRL's simplification:
-     the elites stay in their slots, the others become mutated copies of tournament winners, no crossover;
-  5. once the learners have trained, copies of their actors replace the worst individuals (never an elite's
-     copy, which ERL's code may overwrite); their fate (elite, selected, or discarded) is decided by the next
-     genetic step and logged.
+     whole neurons between two individuals, as ERL's; mutation perturbs a random count of entries of each weight
+     matrix, drawn with replacement (biases untouched), as ERL's. With --genetic-step mutation-only, EvoRL's
+     (`evorl/ec/optimizers/erl_ga.py`, ERLGAMod without crossover): the elites stay in their slots, the worst K
+     are left out of selection when the learners' copies are due, every other slot becomes a copy of a tournament
+     winner, always mutated, with EvoRL's fixed count of distinct entries;
+  5. once the learners have trained, copies of their actors go where ERL's `run_erl.py` puts them: over the worst
+     individuals by the fitness before the genetic step, whatever that step put in their slots (an elite's copy
+     too); they are copied in at the start of the next generation, after the champion's evaluation. Their fate
+     (elite, selected, or discarded) is decided by the next genetic step and logged.
 Learner layouts: K (actor, critic) pairs (ERL, the default), or --shared-critic: K actors and one critic
 (CEM-RL style), which takes one Adam step per update step on the mean of the K learners' critic losses (each
 with its own batch and target policy), as EvoRL does.
@@ -29,7 +33,7 @@ Deliberate choices and differences:
 - global_step and --total-timesteps count every env step, population and learners alike. Runs end, evaluate and
   checkpoint at generation boundaries (a run stops at the end of the generation that reaches the total). A
   SIGINT/SIGTERM/SIGHUP stops a generation's updates between two; its checkpoint keeps the updates still due.
-- No uniform random phase: before --learning-starts the untrained learners act with noise, the population explores.
+- No uniform random phase: before the learners train, their untrained actors act with noise, the population explores.
 - Evaluation (deterministic): the champion (the unmutated copy of the best by the last fitness) in the common
   evaluations.csv columns; the first learner in extra ones. Networks, normalised actions and the TD3 update are
   td3_continuous.py's.
@@ -98,8 +102,9 @@ class Args:
     """the id of the environment"""
     total_timesteps: int = 1000000
     """total environment steps of the run"""
-    learning_starts: int = 25000
-    """environment steps stored before the learners' updates start"""
+    learning_starts: int = 1280
+    """the learners train once the replay buffer holds more than this many transitions (ERL's rule, `run_erl.py`:
+    more than 5 batches, 5 x 256)"""
     buffer_size: int = 1000000
     """the replay memory size"""
     batch_size: int = 256
@@ -157,9 +162,11 @@ class Args:
     """with --genetic-step erl: probability that a pair of tournament winners is crossed too (ERL's configs: 0; the
     slots no winner keeps are always filled by crossover)"""
     mutation_prob: float = 0.9
-    """probability that a non-elite child is mutated (ERL: 0.9; EvoRL: 1.0)"""
+    """with --genetic-step erl: probability that a non-elite child is mutated (ERL's 0.9; mutation-only mutates all,
+    as EvoRL)"""
     mutation_frac: float = 0.1
-    """a mutated weight matrix has a number of distinct entries drawn from [0, ceil(this x entries)) perturbed"""
+    """a mutated weight matrix has entries perturbed: with erl a count drawn from [0, ceil(this x entries)), with
+    replacement (ERL's); with mutation-only round(this x entries) distinct ones (EvoRL's)"""
     mutation_strength: float = 0.1
     """a normal mutation adds N(0, 1) * |w| * this"""
     super_mutation_prob: float = 0.05
@@ -168,8 +175,8 @@ class Args:
     """the scale of a super mutation"""
     reset_prob: float = 0.05
     """probability that a perturbed entry is reset to N(0, 1)"""
-    weight_max_magnitude: float = 10.0
-    """weights are clipped to +- this after mutation (EvoRL's MuJoCo setting; ERL: 1e6)"""
+    weight_max_magnitude: float = 1e6
+    """mutated weights are clipped to +- this (ERL's 1e6; EvoRL's MuJoCo configs take 10)"""
 
 
 def make_env(env_id):
@@ -403,22 +410,35 @@ def run_episodes(weights, biases, envs, episodes, noise, device, rb=None, run=No
     return np.array([np.mean(r) for r in returns]), steps
 
 
-def mutate(w, args, rng):
-    """ERL's mutation of one 2-D weight matrix, in place: with probability drawn from U(0, 2), perturb a number of
-    distinct entries drawn uniformly from [0, ceil(--mutation-frac x entries)) (super mutation, reset, or normal
-    mutation), then clip."""
+def mutate(w, args, rng, fixed_count=False):
+    """One 2-D weight matrix's mutation, in place (biases untouched), with probability drawn from U(0, 2) as in both
+    codes. ERL's (`core/mod_neuro_evo.py`, SSNE.mutate_inplace): a number of entries drawn uniformly from [0,
+    ceil(--mutation-frac x entries)), with replacement, each perturbed in turn (an entry drawn twice is perturbed
+    twice) and clipped to +- --weight-max-magnitude. EvoRL's (`evorl/ec/operators/mutation/erl_mutation.py`,
+    fixed_count): round(--mutation-frac x entries) distinct entries, then one clip. Each perturbation: a super
+    mutation, a reset to N(0, 1), or a normal mutation, by --super-mutation-prob and --reset-prob."""
     if rng.uniform() >= rng.uniform(0.0, 2.0):
         return
-    n = int(rng.integers(0, int(np.ceil(args.mutation_frac * w.numel()))))
-    idx = torch.as_tensor(rng.choice(w.numel(), n, replace=False), device=w.device)
-    kind = torch.as_tensor(rng.uniform(size=n), dtype=w.dtype, device=w.device)
+    if fixed_count:
+        idx = rng.choice(w.numel(), round(args.mutation_frac * w.numel()), replace=False)
+    else:
+        idx = rng.integers(0, w.numel(), int(rng.integers(0, int(np.ceil(args.mutation_frac * w.numel())))))
+    kind = rng.uniform(size=len(idx))
+    gauss = rng.standard_normal(len(idx))
+    # The k-th draw of an entry is applied in round k: each round touches an entry at most once, in the draws' order.
+    order = np.argsort(idx, kind="stable")
+    first = np.maximum.accumulate(np.where(np.diff(idx[order], prepend=-1) != 0, np.arange(len(idx)), 0))
+    rounds = np.empty(len(idx), dtype=np.int64)
+    rounds[order] = np.arange(len(idx)) - first
     flat = w.view(-1)
-    old = flat[idx]
-    gauss = torch.as_tensor(rng.standard_normal(n), dtype=w.dtype, device=w.device)
-    new = torch.where(kind < args.super_mutation_prob, old + gauss * old.abs() * args.super_mutation_strength,
-                      torch.where(kind < args.super_mutation_prob + args.reset_prob, gauss,
-                                  old + gauss * old.abs() * args.mutation_strength))
-    flat[idx] = new.clamp(-args.weight_max_magnitude, args.weight_max_magnitude)
+    for r in range(rounds.max() + 1 if len(idx) else 0):
+        at = torch.as_tensor(idx[rounds == r], device=w.device)
+        k, g = (torch.as_tensor(x[rounds == r], dtype=w.dtype, device=w.device) for x in (kind, gauss))
+        old = flat[at]
+        new = torch.where(k < args.super_mutation_prob, old + g * old.abs() * args.super_mutation_strength,
+                          torch.where(k < args.super_mutation_prob + args.reset_prob, g,
+                                      old + g * old.abs() * args.mutation_strength))
+        flat[at] = new.clamp(-args.weight_max_magnitude, args.weight_max_magnitude)
 
 
 def tournament(rank, n, size, rng):
@@ -443,12 +463,15 @@ def crossover(weights, biases, a, b, rng):
                 p[a if receives else b][..., cols] = p[giver][..., cols]
 
 
-def next_generation(weights, biases, fitness, args, rng):
+def next_generation(weights, biases, fitness, args, rng, learners=0):
     """ERL's genetic step (SSNE.epoch), in place: the --num-elites best are copied into slots of their own and
     spared mutation; tournaments pick --pop-size minus --num-elites winners (duplicates removed), which keep their
     slots; every other slot becomes a copy of a random elite or of a random winner, crossed pairwise, always; pairs
-    of winners are crossed with --crossover-prob; all but the elites' copies are mutated with --mutation-prob.
-    Returns the slots of the elites' copies (the champion's first), and the old population's elites and winners."""
+    of winners are crossed with --crossover-prob; all but the elites' copies are mutated with --mutation-prob
+    (ERL's mutation). Returns the slots of the elites' copies (the champion's first), the old population's elites
+    and winners, and the slots of the `learners` copies of the learners: ERL's rule (`run_erl.py`), the worst by the
+    fitness before the step, whatever the step put there (an elite's copy too)."""
+    learner_slots = np.argsort(fitness, kind="stable")[:learners].tolist()  # ERL's: the worst before the step
     rank = np.argsort(-fitness, kind="stable")
     elites = rank[: args.num_elites]
     winners = list(dict.fromkeys(tournament(rank, len(rank) - args.num_elites, args.tournament_size, rng).tolist()))
@@ -477,32 +500,32 @@ def next_generation(weights, biases, fitness, args, rng):
         if i not in copies and rng.uniform() < args.mutation_prob:
             for w in weights:
                 mutate(w[i], args, rng)
-    return np.array(copies), elites, selected
+    return np.array(copies), elites, selected, learner_slots
 
 
-def next_generation_mutation_only(weights, biases, fitness, args, rng):
-    """EvoRL's simplification of it: the --num-elites best stay as they are in their slots; every other slot gets a
-    copy of a tournament winner, mutated with --mutation-prob. Returns what next_generation returns."""
+def next_generation_mutation_only(weights, biases, fitness, args, rng, learners=0):
+    """EvoRL's mutation-only step (`evorl/ec/optimizers/erl_ga.py`, ERLGAMod.tell_external with crossover off), in
+    place: the --num-elites best stay as they are in their slots; the `learners` worst are left out of parent
+    selection and keep their slots for the learners' copies; every other slot becomes a copy of a tournament winner
+    among the rest, always mutated with EvoRL's fixed count. Returns what next_generation returns."""
     rank = np.argsort(-fitness, kind="stable")
-    elites, others = rank[: args.num_elites], np.sort(rank[args.num_elites:])
-    winners = tournament(rank, len(others), args.tournament_size, rng)
+    parents, learner_slots = rank[: len(rank) - learners], rank[len(rank) - learners :]
+    elites, others = rank[: args.num_elites], np.sort(parents[args.num_elites :])
+    winners = tournament(parents, len(others), args.tournament_size, rng)
     for p in weights + biases:
         p[others] = p[winners].clone()
     for i in others:
-        if rng.uniform() < args.mutation_prob:
-            for w in weights:
-                mutate(w[i], args, rng)
-    return elites, elites, winners
+        for w in weights:
+            mutate(w[i], args, rng, fixed_count=True)
+    return elites, elites, winners, learner_slots.tolist()
 
 
-def inject(weights, biases, fitness, actors, spared):
-    """Copy the learners' actors over the worst individuals by the last fitness, never over the `spared` slots (the
-    elites' copies: ERL's code may overwrite one); returns their slots."""
-    worst = [i for i in np.argsort(fitness, kind="stable") if i not in spared][: len(actors)]
-    learner_weights, learner_biases = stack_actors(actors)
-    for p, q in zip(weights + biases, learner_weights + learner_biases):
-        p[worst] = q
-    return worst
+def inject(weights, biases, slots, actors):
+    """Copy the learners' actors into the population's `slots` (none: no injection)."""
+    if slots:
+        learner_weights, learner_biases = stack_actors(actors)
+        for p, q in zip(weights + biases, learner_weights + learner_biases):
+            p[slots] = q
 
 
 def main(args):
@@ -555,11 +578,10 @@ def main(args):
         ("qf_target", qf_targets), ("q_optimizer", q_optimizers), ("population_weights", weights),
         ("population_biases", biases)] for k, value in enumerate(group)}}
 
-    # injected: the slots of the learners' copies until the next genetic step; champion: the slot of the best
-    # individual's unmutated copy. A signal stops a generation's updates between two, and its checkpoint keeps the
-    # updates still due with the generation's env steps and learner returns: the resumed run makes those updates and
-    # then the genetic step, as an uninterrupted run does (redoing the whole generation instead would need the replay
-    # and every RNG as they were before its episodes).
+    # injected: the learners' slots, chosen by a genetic step and filled at the next generation's start (after the
+    # evaluation of the champion, the best individual's unmutated copy). A signal stops a generation's updates between
+    # two; its checkpoint keeps the updates still due with the generation's steps and learner returns, which the
+    # resumed run makes before the genetic step, as an uninterrupted run does.
     start = {"global_step": 0, "num_updates": 0, "generation": 0, "fitness": np.zeros(args.pop_size), "injected": [],
              "fates": {"elite": 0, "selected": 0, "discarded": 0}, "champion": 0, "updates_due": 0,
              "generation_steps": 0, "learner_returns": np.zeros(args.num_rl_agents)}
@@ -575,6 +597,7 @@ def main(args):
             run.exit_on_signal(global_step)  # the checkpoint resumed from still holds it all
         while global_step < args.total_timesteps or updates_due:
             if not updates_due:  # (else the updates of a generation that a signal interrupted come first)
+                inject(weights, biases, injected, actors)  # 5. of the last generation: the learners' copies
                 # 1. Fitness: every individual's episodes at once, without noise. 2. The learners' noisy episodes.
                 fitness, population_steps = run_episodes(weights, biases, envs, args.episodes_for_fitness, 0.0,
                                                          device, rb, run, global_step)
@@ -585,7 +608,7 @@ def main(args):
                 global_step += generation_steps
                 if not np.isfinite(fitness).all():
                     run.stop_on(f"non-finite fitness in generation {generation}, at global_step {global_step}")
-                updates_due = int(args.utd_ratio * generation_steps) if len(rb) >= args.learning_starts else 0
+                updates_due = int(args.utd_ratio * generation_steps) if len(rb) > args.learning_starts else 0
 
             # 3. TD3 updates, --utd-ratio per env step of this generation, for each critic and its learners.
             while updates_due and not run.signal:
@@ -600,15 +623,15 @@ def main(args):
                 updates_due -= 1
 
             if not updates_due:  # (else a signal stopped the updates: the checkpoint below keeps the generation)
-                # 4. The genetic step; the fate of the learners' copies injected last time.
+                # 4. The genetic step, which also chooses the slots of the learners' copies when they are due
+                # (once the learners have trained); the fate of the copies injected at this generation's start.
+                injecting = (generation + 1) % args.rl_injection_interval == 0 and num_updates > 0
                 genetic_step = next_generation if args.genetic_step == "erl" else next_generation_mutation_only
-                copies, elites, selected = genetic_step(weights, biases, fitness, args, rng)
+                copies, elites, selected, slots = genetic_step(weights, biases, fitness, args, rng,
+                                                               args.num_rl_agents if injecting else 0)
                 for slot in injected:
                     fates["elite" if slot in elites else "selected" if slot in selected else "discarded"] += 1
-                champion, generation = int(copies[0]), generation + 1
-                # 5. Injection of the learners, once they have trained, over the worst but never over an elite's copy.
-                injected = (inject(weights, biases, fitness, actors, copies)
-                            if generation % args.rl_injection_interval == 0 and num_updates else [])
+                champion, generation, injected = int(copies[0]), generation + 1, slots
                 run.log_generation(global_step, generation, fitness, fates, learner_returns)
                 run.progress(global_step, num_updates)
                 if crossed(global_step, args.eval_freq, generation_steps) or global_step >= args.total_timesteps:
@@ -695,10 +718,11 @@ def check_args(args):
         ),
         f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}: no update "
         "would happen": args.learning_starts >= args.total_timesteps,
-        f"--learning-starts {args.learning_starts} (steps stored) is above --buffer-size {args.buffer_size}: no "
-        "update would happen": args.learning_starts > args.buffer_size,
+        f"--learning-starts {args.learning_starts} (transitions stored) is not below --buffer-size {args.buffer_size}:"
+        " no update would happen": args.learning_starts >= args.buffer_size,
         f"--num-elites {args.num_elites} plus --num-rl-agents {args.num_rl_agents} exceed --pop-size {args.pop_size}: "
-        "injected actors would replace elites": args.num_elites + args.num_rl_agents > args.pop_size,
+        "the learners' copies would leave no room for the elites": args.num_elites + args.num_rl_agents
+        > args.pop_size,
         f"--exp-name {args.exp_name!r} must be a plain file name of 1-100 characters": not (
             0 < len(args.exp_name) <= 100 and "/" not in args.exp_name and not args.exp_name.startswith(".")
         ),

@@ -17,8 +17,9 @@ def population(size=6, obs_dim=3, act_dim=1, seed=0):
 
 
 def test_mutation_changes_about_the_stated_fraction():
-    """A matrix is mutated with probability P(U(0, 1) < U(0, 2)) = 3/4, and then a number of distinct entries drawn
-    from [0, ceil(10%)) = [0, 200) of its 2000: about 5% of them on average (ERL's count), and never more than 199."""
+    """A matrix is mutated with probability P(U(0, 1) < U(0, 2)) = 3/4, and then a number of entries drawn from
+    [0, ceil(10%)) = [0, 200) of its 2000, with replacement: about 5% of them on average (ERL's count), never more
+    than 199; with EvoRL's fixed count exactly 200 distinct ones."""
     rng = np.random.default_rng(0)
     changed = []
     for _ in range(400):
@@ -30,6 +31,38 @@ def test_mutation_changes_about_the_stated_fraction():
     assert 0.68 < (changed > 0).mean() < 0.82
     assert 0.045 < changed[changed > 0].mean() / 2000 < 0.056
     assert changed.max() <= 199
+    for _ in range(40):
+        w = torch.randn(40, 50)
+        before = w.clone()
+        erl_td3.mutate(w, ARGS, rng, fixed_count=True)
+        assert (w != before).sum().item() in (0, 200)
+
+
+def test_mutation_equals_erls_loop_entry_by_entry():
+    """ERL's mutate_inplace perturbs its drawn entries one after another, so an entry drawn twice is perturbed twice,
+    and clips each: the vectorised mutation equals that loop, run on the same draws, bit for bit."""
+    args = erl_td3.Args(mutation_frac=0.5, weight_max_magnitude=2.0, super_mutation_prob=0.2, reset_prob=0.2)
+    repeated = 0
+    for seed in range(30):
+        w = torch.randn(4, 5)
+        expected = w.clone().view(-1)
+        draws = np.random.default_rng(seed)
+        if draws.uniform() < draws.uniform(0.0, 2.0):
+            idx = draws.integers(0, 20, int(draws.integers(0, 10)))
+            kinds, gauss = draws.uniform(size=len(idx)), draws.standard_normal(len(idx))
+            repeated += len(idx) - len(set(idx.tolist()))
+            for i, kind, g in zip(idx, torch.tensor(kinds, dtype=w.dtype), torch.tensor(gauss, dtype=w.dtype)):
+                old = expected[i].clone()
+                if kind < args.super_mutation_prob:
+                    new = old + g * old.abs() * args.super_mutation_strength
+                elif kind < args.super_mutation_prob + args.reset_prob:
+                    new = g
+                else:
+                    new = old + g * old.abs() * args.mutation_strength
+                expected[i] = new.clamp(-args.weight_max_magnitude, args.weight_max_magnitude)
+        erl_td3.mutate(w, args, np.random.default_rng(seed))
+        assert torch.equal(w.view(-1), expected)
+    assert repeated > 0  # the draws above did draw entries twice
 
 
 def test_mutation_respects_the_clip():
@@ -61,7 +94,7 @@ def test_genetic_step_copies_elites_keeps_winners_and_fills_the_rest_by_crossove
     old = [p.clone() for p in weights + biases]
     fitness = np.array([5.0, 1.0, 9.0, 3.0, 7.0, 0.0, 2.0, 8.0, 4.0, 6.0])
     args = erl_td3.Args(num_elites=2, mutation_prob=0.0)
-    copies, elites, selected = erl_td3.next_generation(weights, biases, fitness, args, np.random.default_rng(4))
+    copies, elites, selected, _ = erl_td3.next_generation(weights, biases, fitness, args, np.random.default_rng(4))
     assert elites.tolist() == [2, 7]
     for copy, elite in zip(copies, elites):
         assert all(torch.equal(p[copy], o[elite]) for p, o in zip(weights + biases, old))
@@ -86,7 +119,7 @@ def test_elites_copies_are_spared_mutation():
     weights, biases = population(size=10)
     old = [p.clone() for p in weights + biases]
     fitness = np.arange(10.0)
-    copies, elites, _ = erl_td3.next_generation(
+    copies, elites, *_ = erl_td3.next_generation(
         weights, biases, fitness, erl_td3.Args(mutation_prob=1.0), np.random.default_rng(0)
     )
     for copy, elite in zip(copies, elites):
@@ -104,7 +137,7 @@ def test_share_of_crossover_children_matches_a_direct_simulation_of_erls_rule():
     weights, biases = population(size=10)
     args, measured = erl_td3.Args(num_elites=2, mutation_prob=0.0), []
     for _ in range(2000):
-        copies, elites, selected = erl_td3.next_generation(weights, biases, rng.normal(size=10), args, rng)
+        copies, elites, selected, _ = erl_td3.next_generation(weights, biases, rng.normal(size=10), args, rng)
         measured.append(10 - len(set(copies.tolist()) | set(selected.tolist()) | set(elites.tolist())))
     assert abs(np.mean(measured) - expected) < 4 * np.std(measured) / np.sqrt(len(measured))
     assert 2.5 < expected < 4  # about 3 of the 10 slots a generation
@@ -128,7 +161,7 @@ def test_mutation_only_variant_keeps_elites_in_place():
     old = [p.clone() for p in weights + biases]
     fitness = np.array([5.0, 1.0, 9.0, 3.0, 7.0, 0.0])
     args = erl_td3.Args(num_elites=2, mutation_prob=1.0, genetic_step="mutation-only")
-    copies, elites, winners = erl_td3.next_generation_mutation_only(
+    copies, elites, winners, _ = erl_td3.next_generation_mutation_only(
         weights, biases, fitness, args, np.random.default_rng(0)
     )
     assert sorted(copies.tolist()) == [2, 4]
@@ -139,27 +172,36 @@ def test_mutation_only_variant_keeps_elites_in_place():
         assert all(torch.equal(b[slot], o[winner]) for b, o in zip(biases, old[len(weights) :]))
 
 
-def test_injection_replaces_the_worst_but_never_an_elites_copy():
-    weights, biases = population()
-    fitness = np.array([5.0, 1.0, 9.0, -3.0, 7.0, 0.0])
+def test_learners_go_over_the_worst_by_the_fitness_before_the_genetic_step():
+    """ERL's rule (`run_erl.py`): the learners' slots are the worst by the fitness the genetic step ranked, whatever
+    the step put there (an elite's copy too); with tied fitness, the first index (ERL's `index(min(...))`). inject
+    copies the learners' actors into those slots."""
+    weights, biases = population(size=6)
+    fitness = np.array([5.0, 1.0, 9.0, 3.0, 7.0, -3.0])
+    *_, slots = erl_td3.next_generation(weights, biases, fitness, erl_td3.Args(), np.random.default_rng(0), 2)
+    assert slots == [5, 1]
+    _, _, _, tied = erl_td3.next_generation(weights, biases, np.zeros(6), erl_td3.Args(), np.random.default_rng(0), 1)
+    assert tied == [0]
     learners = [erl_td3.Actor(3, 1), erl_td3.Actor(3, 1)]
-    slots = erl_td3.inject(weights, biases, fitness, learners, spared=[5])
-    assert slots == [3, 1]
+    erl_td3.inject(weights, biases, slots, learners)
     for slot, learner in zip(slots, learners):
         ws, bs = erl_td3.actor_params(learner)
         assert all(torch.equal(w[slot], x) for w, x in zip(weights + biases, ws + bs))
 
 
-def test_with_tied_fitness_the_learner_never_replaces_the_champion():
-    """Every individual at the same fitness: the injected learner goes to a slot that is not an elite's copy, so the
-    champion survives, and its fate is counted against the next genetic step's elites."""
-    weights, biases = population(size=10)
-    fitness = np.zeros(10)
-    copies, elites, _ = erl_td3.next_generation(weights, biases, fitness, erl_td3.Args(), np.random.default_rng(1))
-    champion = [p[copies[0]].clone() for p in weights + biases]
-    injected = erl_td3.inject(weights, biases, fitness, [erl_td3.Actor(3, 1)], spared=copies)
-    assert not set(injected) & set(copies.tolist())
-    assert all(torch.equal(p[copies[0]], c) for p, c in zip(weights + biases, champion))
+def test_mutation_only_leaves_the_learners_slots_out_of_selection():
+    """EvoRL's mutation-only step with one learner due: the worst individual is no parent and keeps its slot, the
+    elites stay, every other slot is a mutated copy of a winner among the rest."""
+    weights, biases = population(size=6)
+    old = [p.clone() for p in weights + biases]
+    fitness = np.array([5.0, 1.0, 9.0, 3.0, 7.0, -3.0])
+    args = erl_td3.Args(num_elites=2, tournament_size=6, genetic_step="mutation-only")
+    for seed in range(20):
+        _, elites, winners, slots = erl_td3.next_generation_mutation_only(
+            [p.clone() for p in old[:3]], [p.clone() for p in old[3:]], fitness, args, np.random.default_rng(seed), 1
+        )
+        assert slots == [5]
+        assert 5 not in winners.tolist() and sorted(elites.tolist()) == [2, 4]
 
 
 def test_population_forward_is_the_actor():
