@@ -118,7 +118,8 @@ class Args:
     policy_lr: float = 3e-4
     """the learning rate of the policy network optimizer"""
     q_lr: float = 1e-3
-    """the learning rate of the Q network optimizer (and of alpha's, as CleanRL)"""
+    """the learning rate of the Q network optimizer (and of alpha's), CleanRL's sac_continuous_action.py's 1e-3
+    (sac_discrete.py has sac_atari.py's 3e-4)"""
     tau: float = 0.005
     """target network smoothing coefficient"""
     policy_frequency: int = 2

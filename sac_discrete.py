@@ -15,13 +15,16 @@ whose default depends on the kind of observation say so in --help. Deliberate di
   0.98: on CartPole-v1 (log 2 = 0.69 nats at most) a ratio near 1 asks for a nearly uniform policy, alpha grows
   without bound and the stochastic policy stays near uniform; benchmark/results/sac_discrete_target_entropy.md
   has the measurements.
-- The actor and alpha losses sum over the actions and average over states (CleanRL averages over both,
-  which scales the actor's gradient by 1/|A|).
-- Atari: gymnasium's AtariPreprocessing (30 no-op starts, frame skip 4 with max-pooling, 84x84 greyscale) and
-  4 stacked frames; rewards are clipped to their sign for training only (logged and evaluated returns are the
-  game's score); in training no end-of-life termination and no FIRE on reset (Machado et al. 2018 advise
-  against both); in evaluation FIRE is pressed at the start of each life (FireOnLifeStart), so that an argmax
-  policy that never fires does not wait out ALE's 108,000-frame cap in a game that needs FIRE to serve. The
+- The actor and alpha losses sum over the actions and average over states, the paper's expectation over
+  actions (CleanRL averages over both: its losses and gradients are 1/|A| of these). Adam's step does not
+  depend on that scale except through its epsilon, which matters only for gradients near it (1e-4 for images).
+- Atari trains with CleanRL's sac_atari wrappers: gymnasium's AtariPreprocessing (30 no-op starts, frame skip 4
+  with max-pooling, 84x84 greyscale), a lost life ends a training episode (EpisodicLife) and FIRE follows each
+  reset (FireReset), 4 stacked frames, rewards clipped to their sign for training only; the logged training
+  return is a whole game's score, as CleanRL logs it (the rewards of a reset's FIRE and no-op steps, dropped by
+  those wrappers, are not in it). --machado trains on whole games without FIRE (Machado et al. 2018's
+  protocol). Evaluation plays whole games and presses FIRE at the start of each life (FireOnLifeStart), so that
+  an argmax policy that never fires does not wait out ALE's 108,000-frame cap in a game that needs FIRE. The
   Nature-CNN is initialised as sac_atari's (Kaiming-normal, zero biases). The replay buffer stores each frame
   once, as uint8 (FrameReplayBuffer): 1e6 transitions take about 7 GB (CleanRL's: 56), on the GPU when it has
   room, else in pinned host memory.
@@ -133,11 +136,13 @@ class Args:
     policy_lr: float = 3e-4
     """the learning rate of the policy network optimizer"""
     q_lr: float = 3e-4
-    """the learning rate of the Q network optimizer (and of alpha's, as CleanRL)"""
+    """the learning rate of the Q network optimizer (and of alpha's), CleanRL's sac_atari.py's 3e-4
+    (sac_continuous.py has sac_continuous_action.py's 1e-3)"""
     adam_eps: Optional[float] = None
     """the epsilon of the Adam optimizers (default: 1e-8 for vector observations, 1e-4 for images)"""
     update_frequency: Optional[int] = None
-    """one critic, actor and alpha update every this many env steps (default: 1 for vectors, 4 for images)"""
+    """one critic, actor and alpha update every this many env steps (default: 1 for vectors, 4 for images), and at
+    most one per vector step: with --num-envs above it, one per vector step"""
     tau: Optional[float] = None
     """target network smoothing coefficient (default: 0.005 for vector observations, 1.0, a hard copy, for images)"""
     target_network_frequency: Optional[int] = None
@@ -151,6 +156,10 @@ class Args:
     target_entropy_ratio: Optional[float] = None
     """target entropy as a fraction of the largest, log|A| (default: 0.7 for vector observations, see the docstring;
     CleanRL's sac_atari's 0.89 for images)"""
+    machado: bool = False
+    """Atari: train on whole games without FIRE on reset (Machado et al. 2018's protocol) instead of CleanRL's
+    sac_atari wrappers (a lost life ends a training episode, FIRE after each reset); evaluation is the same either
+    way, and other envs ignore it"""
 
 
 # The defaults of the flags left at None: SAC's usual per-step updates for vectors, CleanRL's sac_atari for images.
@@ -167,36 +176,95 @@ def is_atari(env_id):
     return spec is not None and "ale_py" in str(spec.entry_point)
 
 
-def make_env(env_id, render_mode=None, evaluation=False):
+def make_env(env_id, render_mode=None, evaluation=False, machado=False):
+    """An env; for Atari, CleanRL's sac_atari.py wrappers: 30 no-op starts, frame skip 4 with max-pooling, 84x84
+    grey (AtariPreprocessing), in training a lost life ends an episode (EpisodicLife) and FIRE follows a reset
+    (FireReset), 4 stacked frames; rewards are clipped in the loop. With `machado`, training keeps whole games and no
+    FIRE (Machado et al. 2018's protocol); evaluation plays whole games and presses FIRE at each life's start."""
+
     def thunk():
         if not is_atari(env_id):
             return gym.make(env_id, render_mode=render_mode)
         env = gym.make(env_id, frameskip=1, render_mode=render_mode)  # AtariPreprocessing skips the frames
         env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84)
+        fire = "FIRE" in env.unwrapped.get_action_meanings()
+        if not evaluation and not machado:
+            env = EpisodicLife(env)
+            env = FireReset(env) if fire else env
         env = gym.wrappers.FrameStackObservation(env, 4)
-        return FireOnLifeStart(env) if evaluation and "FIRE" in env.unwrapped.get_action_meanings() else env
+        return FireOnLifeStart(env) if evaluation and fire else env
 
     return thunk
+
+
+class EpisodicLife(gym.Wrapper):
+    """Training (CleanRL's EpisodicLifeEnv): a lost life ends the episode (terminated, so no bootstrap) and the
+    next reset continues the same game with a no-op step; only a game over resets the game. info["life_lost"] tells
+    such an end from a game over, whose score is the one logged."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.lives = 0
+        self.game_over = True
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.game_over = terminated or truncated
+        lives = self.env.unwrapped.ale.lives()
+        info["life_lost"] = 0 < lives < self.lives and not self.game_over
+        self.lives = lives
+        return obs, reward, terminated or info["life_lost"], truncated, info
+
+    def reset(self, **kwargs):
+        if not self.game_over:  # a lost life: the same game goes on, after a no-op step
+            obs, _, terminated, truncated, info = self.env.step(0)
+        if self.game_over or terminated or truncated:
+            obs, info = self.env.reset(**kwargs)
+        self.lives = self.env.unwrapped.ale.lives()
+        return obs, info
+
+
+class FireReset(gym.Wrapper):
+    """Training (CleanRL's FireResetEnv): after every reset, FIRE and then action 2, so that a game that needs FIRE
+    to serve starts; the rewards of these two steps are dropped, as there."""
+
+    def reset(self, **kwargs):
+        self.env.reset(**kwargs)
+        for action in (self.env.unwrapped.get_action_meanings().index("FIRE"), 2):
+            obs, _, terminated, truncated, info = self.env.step(action)
+            if terminated or truncated:
+                obs, info = self.env.reset(**kwargs)
+        return obs, info
 
 
 class FireOnLifeStart(gym.Wrapper):
     """Evaluation only: press FIRE at the start of every life, as CleanRL's FireResetEnv does at each reset, so that
     an argmax policy that never fires cannot stall a game that needs FIRE to serve (Breakout) until ALE's frame cap;
-    the reward of those steps counts."""
+    the reward of those steps counts (a reset's, with the first step's)."""
 
     def reset(self, **kwargs):
         obs, info = self.env.reset(**kwargs)
-        obs, _, terminated, truncated, info = self.env.step(self.env.unwrapped.get_action_meanings().index("FIRE"))
+        obs, self.fire_reward, terminated, truncated, info = self.env.step(
+            self.env.unwrapped.get_action_meanings().index("FIRE"))
         return self.reset(**kwargs) if terminated or truncated else (obs, info)
 
     def step(self, action):
         lives = self.env.unwrapped.ale.lives()
         obs, reward, terminated, truncated, info = self.env.step(action)
+        reward += self.fire_reward
+        self.fire_reward = 0.0
         if not (terminated or truncated) and self.env.unwrapped.ale.lives() < lives:
             obs, fire_reward, terminated, truncated, info = self.env.step(
                 self.env.unwrapped.get_action_meanings().index("FIRE"))
             reward += fire_reward
         return obs, reward, terminated, truncated, info
+
+
+def games_over(terminated, truncated, infos):
+    """The envs whose game ended at this step: every episode's end but a lost life in Atari training (EpisodicLife),
+    so that a training return is a whole game's score, as CleanRL logs it."""
+    life_lost = infos.get("final_info", {}).get("life_lost", np.zeros(len(terminated), dtype=bool))
+    return np.flatnonzero((terminated | truncated) & ~life_lost)
 
 
 def network(obs_shape, n_out, hidden=256):
@@ -479,7 +547,8 @@ def main(args):
     rng = np.random.default_rng(args.seed)  # the random actions before learning starts
 
     envs = gym.vector.SyncVectorEnv(
-        [make_env(args.env_id) for _ in range(args.num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+        [make_env(args.env_id, machado=args.machado) for _ in range(args.num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
     obs_shape, n_actions = envs.single_observation_space.shape, int(envs.single_action_space.n)
     # What the run will hold (networks, targets and replay), measured on the meta device before it is allocated;
@@ -545,7 +614,7 @@ def main(args):
 
             episode_return += reward
             episode_length += 1
-            for i in np.flatnonzero(terminated | truncated):
+            for i in games_over(terminated, truncated, infos):  # (a lost life ends an Atari episode, not a game)
                 run.log_episode(global_step, episode_return[i], episode_length[i])
                 episode_return[i] = 0.0
                 episode_length[i] = 0

@@ -3,6 +3,7 @@
 import io
 import math
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -165,6 +166,62 @@ def test_evaluation_of_a_policy_that_never_fires_ends_in_breakout():
     returns = sac_discrete.evaluate(noop, "BreakoutNoFrameskip-v4", 1, 0, torch.device("cpu"))
     assert len(steps) < 2000, len(steps)
     assert returns[0] >= 0
+
+
+def recorded_actions(env):
+    """The actions that reach AtariPreprocessing under `env`'s other wrappers, as they are sent."""
+    inner = env
+    while not isinstance(inner, gym.wrappers.AtariPreprocessing):
+        inner = inner.env
+    actions, step = [], inner.step
+    inner.step = lambda action: (actions.append(int(action)), step(action))[1]
+    return actions
+
+
+@pytest.mark.skipif(sac_discrete.ale_py is None, reason="the Atari path needs the optional ale-py")
+def test_atari_training_ends_an_episode_at_a_lost_life_and_fires_after_each_reset():
+    """CleanRL's sac_atari wrappers by default: every reset sends FIRE and then action 2; a lost life ends the
+    training episode (terminated) and the next reset continues the same game (a no-op, then FIRE); only the last
+    life's end resets the game, and games_over counts only that one, in a vector env. --machado: no FIRE, whole
+    games."""
+    fire = 1
+    env = sac_discrete.make_env("BreakoutNoFrameskip-v4")()
+    actions = recorded_actions(env)
+    env.reset(seed=0)
+    assert actions == [fire, 2]
+    rng, ends = np.random.default_rng(0), []
+    while not ends or ends[-1]:
+        lives = env.unwrapped.ale.lives()
+        _, _, terminated, truncated, info = env.step(int(rng.integers(4)))
+        if terminated or truncated:
+            ends.append(info["life_lost"])
+            if info["life_lost"]:
+                assert terminated and 0 < env.unwrapped.ale.lives() == lives - 1
+                frame = env.unwrapped.ale.getEpisodeFrameNumber()
+                del actions[:]
+                env.reset()
+                assert actions == [0, fire, 2]
+                assert env.unwrapped.ale.getEpisodeFrameNumber() > frame  # the same game goes on
+    assert ends == [True] * 4 + [False]  # Breakout's five lives
+    envs = gym.vector.SyncVectorEnv(
+        [sac_discrete.make_env("BreakoutNoFrameskip-v4")], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+    envs.reset(seed=0)
+    episodes, games = 0, 0
+    while not games:
+        _, _, terminated, truncated, infos = envs.step(rng.integers(4, size=1))
+        episodes += int((terminated | truncated).sum())
+        games += len(sac_discrete.games_over(terminated, truncated, infos))
+    assert (episodes, games) == (5, 1)
+    machado = sac_discrete.make_env("BreakoutNoFrameskip-v4", machado=True)()
+    actions = recorded_actions(machado)
+    machado.reset(seed=0)
+    assert actions == []
+    while True:
+        _, _, terminated, truncated, _ = machado.step(fire)
+        if terminated or truncated:
+            break
+    assert machado.unwrapped.ale.lives() == 0
 
 
 @pytest.mark.skipif(sac_discrete.ale_py is None, reason="the Atari path needs the optional ale-py")
