@@ -10,8 +10,10 @@ that went furthest counts. Over seeds the table gives the mean and a 95% confide
 --iqm, the interquartile mean instead of the mean), how many seeds reached S, and the reference numbers of
 benchmark/reference.csv for that algorithm, env and step. A last table gives each seed's last and best
 evaluation. The curves (one PNG per env, one colour per algorithm: the mean over the seeds that reached each
-evaluation step, shaded between the lowest and highest seed, and the reference numbers as markers at their step)
-need matplotlib, the optional `plot` extra; without it the tables are written and the plots skipped.
+evaluation step, shaded between the lowest and highest seed, the reference numbers as markers at their step, and
+the published learning curves of benchmark/reference_curves.csv as grey bands of mean +- sd, which the tables
+quote at their steps too) need matplotlib, the optional `plot` extra; without it the tables are written and the
+plots skipped.
 """
 
 import argparse
@@ -25,6 +27,9 @@ from pathlib import Path
 import numpy as np
 
 REFERENCE = Path(__file__).resolve().parent / "reference.csv"
+# Published learning curves (the same columns, a row per evaluation step), drawn as a band of mean +- sd; their env
+# ids may carry another version than the runs' (the TD3 paper's are -v1), so they match a run's env by its name.
+REFERENCE_CURVES = Path(__file__).resolve().parent / "reference_curves.csv"
 # Two-sided 95% quantiles of Student's t by degrees of freedom (1-30); above that, the normal's 1.96.
 T95 = [
     12.706,
@@ -154,9 +159,25 @@ def read_reference(path=REFERENCE):
         return list(csv.DictReader(f))
 
 
-def table(runs, steps, use_iqm=False, reference=None):
-    """The markdown report: one table per step, a row per algorithm and env."""
+def same_task(env_id, other):
+    """Two env ids of one task, whatever their versions: HalfCheetah-v4 and HalfCheetah-v1."""
+    return env_id.rsplit("-v", 1)[0] == other.rsplit("-v", 1)[0]
+
+
+def published_curves(curve_rows, algorithm, env_id):
+    """The published curves of `algorithm` on `env_id`'s task: {(source, env_id, seeds): (steps, means, sds)}."""
+    found = defaultdict(list)
+    for r in curve_rows:
+        if r["algorithm"] == algorithm and same_task(r["env_id"], env_id):
+            found[r["source"], r["env_id"], r["seeds"]].append((int(r["step"]), float(r["mean"]), float(r["std"])))
+    return {key: tuple(np.array(column) for column in zip(*sorted(rows))) for key, rows in found.items()}
+
+
+def table(runs, steps, use_iqm=False, reference=None, curve_rows=None):
+    """The markdown report: one table per step, a row per algorithm and env; the reference column holds the
+    reference numbers at that step and the published curves' values there (with their env id)."""
     reference = read_reference() if reference is None else reference
+    curve_rows = read_reference(REFERENCE_CURVES) if curve_rows is None else curve_rows
     lines = []
     for step in steps:
         lines += [
@@ -172,6 +193,9 @@ def table(runs, steps, use_iqm=False, reference=None):
                 for r in reference
                 if r["algorithm"] == algorithm and r["env_id"] == env_id and int(r["step"]) == step
             ]
+            for (source, curve_env, n), (at, mean, sd) in published_curves(curve_rows, algorithm, env_id).items():
+                if step in at:
+                    refs.append(f"{mean[at == step][0]} +- {sd[at == step][0]} ({curve_env}, {n} seeds; {source})")
             seeds = f"{len(scores)}" if len(scores) == len(group) else f"{len(scores)} of {len(group)} reached"
             if not scores:
                 lines.append(f"| {algorithm} | {env_id} | - | - | {seeds} | {'<br>'.join(refs)} |")
@@ -213,10 +237,12 @@ def curve(group):
     return grid, count, np.nanmean(values, 0), np.nanmin(values, 0), np.nanmax(values, 0), values
 
 
-def plot_env(ax, runs, env_id, reference, seed_lines=False):
+def plot_env(ax, runs, env_id, reference, seed_lines=False, curve_rows=()):
     """Draw one env's curves on `ax`: per algorithm its mean, shaded between its lowest and highest seed in the
-    line's own colour, optionally each seed as a thin line, and its reference numbers as star markers at their step
-    (those beyond the last evaluation drawn are left out: a 1M-step reference would squash 100k-step curves)."""
+    line's own colour, optionally each seed as a thin line, its reference numbers as star markers at their step, and
+    its published curves (`curve_rows`, rows of reference_curves.csv) as a grey dashed mean in a hatched band of +- one
+    sd, each with a legend entry of its own. References beyond the last evaluation drawn are left out (a 1M-step
+    reference would squash 100k-step curves)."""
     groups = {algorithm: group for (algorithm, env), group in sorted(runs.items()) if env == env_id}
     last = max(steps[-1] for group in groups.values() for _, steps, _ in group)
     for algorithm, group in groups.items():
@@ -244,12 +270,25 @@ def plot_env(ax, runs, env_id, reference, seed_lines=False):
                 linestyle="none",
                 label=f"{algorithm}, published (mean, sd)" if i == 0 else None,
             )
+        for (source, curve_env, n), (at, mean, sd) in published_curves(curve_rows, algorithm, env_id).items():
+            shown = at <= 1.05 * last
+            label = f"{source}: {curve_env}, {n} seeds (mean +- sd)"
+            ax.plot(at[shown], mean[shown], color="0.35", linestyle="--", linewidth=1.2, label=label)
+            ax.fill_between(
+                at[shown],
+                (mean - sd)[shown],
+                (mean + sd)[shown],
+                facecolor="none",
+                edgecolor="0.6",
+                hatch="//",
+                linewidth=0,
+            )
     ax.set(xlabel="env steps", ylabel="evaluation return")
     ax.set_title(f"{env_id}: mean over seeds, shaded from lowest to highest", fontsize="medium")
     ax.legend(fontsize="small")
 
 
-def curves(runs, out_dir, reference=None, seed_lines=False):
+def curves(runs, out_dir, reference=None, seed_lines=False, curve_rows=None):
     """One PNG per env (see plot_env); returns their paths."""
     import matplotlib
 
@@ -257,10 +296,11 @@ def curves(runs, out_dir, reference=None, seed_lines=False):
     import matplotlib.pyplot as plt
 
     reference = read_reference() if reference is None else reference
+    curve_rows = read_reference(REFERENCE_CURVES) if curve_rows is None else curve_rows
     written = []
     for env_id in sorted({env for _, env in runs}):
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        plot_env(ax, runs, env_id, reference, seed_lines)
+        plot_env(ax, runs, env_id, reference, seed_lines, curve_rows)
         fig.tight_layout()
         path = Path(out_dir) / f"{env_id.replace('/', '-').replace(':', '-')}.png"
         fig.savefig(path, dpi=100)

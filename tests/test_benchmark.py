@@ -251,14 +251,14 @@ def test_a_sweep_owns_its_directory(tmp_path):
     assert int(runs[("td3_continuous", "tests.toy_envs:Counter-v0")][0][1][-1]) == 300  # the sweep's, not the 150
 
 
-def plotted(runs, env_id="CartPole-v1", reference=(), seed_lines=False):
+def plotted(runs, env_id="CartPole-v1", reference=(), seed_lines=False, curve_rows=()):
     """The axes report.plot_env draws for `env_id`."""
     matplotlib = pytest.importorskip("matplotlib")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots()
-    report.plot_env(ax, runs, env_id, list(reference), seed_lines)
+    report.plot_env(ax, runs, env_id, list(reference), seed_lines, list(curve_rows))
     plt.close(fig)
     return ax
 
@@ -316,6 +316,50 @@ def test_seed_lines_and_reference_markers(tmp_path):
     assert [line.get_ydata().tolist() for line in ax.lines[1:3]] == [[300, 600], [500, 900]]  # the thin seed lines
     markers = [line for line in ax.lines if line.get_marker() == "*"]
     assert [(m.get_xdata().tolist(), m.get_ydata().tolist()) for m in markers] == [([100_000], [659.0])]
+
+
+def test_a_published_curve_is_a_band_of_mean_and_sd_with_its_own_legend_entry(tmp_path):
+    """A reference curve on the task's -v1 env (another algorithm's and another task's rows beside it): drawn on the
+    -v4 plot as a dashed mean and a band of mean +- sd up to the runs' last evaluation, with a legend entry of its
+    own, and quoted in the table at the steps it has."""
+    write_run(tmp_path, "td3_continuous", "Hopper-v4", 1, [(50_000, 300), (100_000, 600)])
+    rows = [
+        {"algorithm": algorithm, "env_id": env, "step": str(step), "mean": str(mean), "std": str(sd), "seeds": "10"}
+        for algorithm, env in [
+            ("td3_continuous", "Hopper-v1"),
+            ("sac_continuous", "Hopper-v1"),
+            ("td3_continuous", "Ant-v1"),
+        ]
+        for step, mean, sd in [(0, 20.0, 5.0), (50_000, 400.0, 100.0), (100_000, 659.0, 752.0), (200_000, 2000.0, 9.0)]
+    ]
+    for row in rows:
+        row.update(measure="evaluation", source="TD3 paper's curves")
+    runs = report.read_runs(tmp_path)
+    ax = plotted(runs, "Hopper-v4", curve_rows=rows)
+    texts = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert texts == ["td3_continuous (1 seed)", "TD3 paper's curves: Hopper-v1, 10 seeds (mean +- sd)"]
+    (mean,) = [line for line in ax.lines if line.get_linestyle() == "--"]
+    assert mean.get_xdata().tolist() == [0, 50_000, 100_000]  # 200k: past the runs
+    assert mean.get_ydata().tolist() == [20.0, 400.0, 659.0]
+    band = ax.collections[-1].get_paths()[0].vertices
+    assert band[:, 1].min() == 659.0 - 752.0
+    assert band[:, 1].max() == 659.0 + 752.0
+    text = report.table(runs, [100_000], reference=[], curve_rows=rows)
+    assert (
+        "| td3_continuous | Hopper-v4 | 600.0 | - | 1 | 659.0 +- 752.0 (Hopper-v1, 10 seeds; TD3 paper's curves) |"
+        in text
+    )
+
+
+def test_the_td3_papers_curves_are_the_shared_reference():
+    """benchmark/reference_curves.csv holds the TD3 paper's curves as computed from the authors' learning_curves:
+    seven tasks, 201 evaluation steps each, 10 seeds; HalfCheetah at 100k 5514 +- 554 (the issue's numbers)."""
+    rows = report.read_reference(report.REFERENCE_CURVES)
+    assert len(rows) == 7 * 201
+    assert {r["seeds"] for r in rows} == {"10"}
+    ((steps, means, sds),) = report.published_curves(rows, "td3_continuous", "HalfCheetah-v4").values()
+    at_100k = steps == 100_000
+    assert (round(float(means[at_100k][0])), round(float(sds[at_100k][0]))) == (5514, 554)
 
 
 def test_report_without_matplotlib_writes_the_tables(tmp_path, monkeypatch, capsys):
