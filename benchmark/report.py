@@ -240,7 +240,7 @@ def curve(group):
 def plot_env(ax, runs, env_id, reference, seed_lines=False, curve_rows=()):
     """Draw one env's curves on `ax`: per algorithm its mean, shaded between its lowest and highest seed in the
     line's own colour, optionally each seed as a thin line, its reference numbers as star markers at their step, and
-    its published curves (`curve_rows`, rows of reference_curves.csv) as a grey dashed mean in a hatched band of +- one
+    its published curves (`curve_rows`, rows of reference_curves.csv) as a grey dashed mean in a grey band of +- one
     sd, each with a legend entry of its own. References beyond the last evaluation drawn are left out (a 1M-step
     reference would squash 100k-step curves)."""
     groups = {algorithm: group for (algorithm, env), group in sorted(runs.items()) if env == env_id}
@@ -274,15 +274,7 @@ def plot_env(ax, runs, env_id, reference, seed_lines=False, curve_rows=()):
             shown = at <= 1.05 * last
             label = f"{source}: {curve_env}, {n} seeds (mean +- sd)"
             ax.plot(at[shown], mean[shown], color="0.35", linestyle="--", linewidth=1.2, label=label)
-            ax.fill_between(
-                at[shown],
-                (mean - sd)[shown],
-                (mean + sd)[shown],
-                facecolor="none",
-                edgecolor="0.6",
-                hatch="//",
-                linewidth=0,
-            )
+            ax.fill_between(at[shown], (mean - sd)[shown], (mean + sd)[shown], color="0.5", alpha=0.18, linewidth=0)
     ax.set(xlabel="env steps", ylabel="evaluation return")
     ax.set_title(f"{env_id}: mean over seeds, shaded from lowest to highest", fontsize="medium")
     ax.legend(fontsize="small")
