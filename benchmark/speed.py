@@ -11,6 +11,7 @@ graph's capture. Peak memory is the process's maximum resident set (CPU) and tor
 
     python benchmark/speed.py                       # every script, CPU, and CUDA when present
     python benchmark/speed.py --scripts td3_continuous.py --devices cpu --updates 3000
+    python benchmark/speed.py --threads 1 --together 2       # two runs side by side, one thread each
     python benchmark/speed.py --devices cuda --modes eager compile cudagraphs compile+cudagraphs
 """
 
@@ -102,7 +103,14 @@ def main():
     parser.add_argument(
         "--threads",
         type=int,
-        help="--torch-threads for the scripts (default: theirs, 1; 0: torch's default, one per core)",
+        help="--torch-threads for the scripts (default: theirs, 0: chosen by what the other processes leave idle)",
+    )
+    parser.add_argument(
+        "--together",
+        type=int,
+        default=1,
+        help="copies of each measured run started at once, as a sweep runs them side by side (default: 1); every "
+        "copy's steps/s counts in the median and range",
     )
     parser.add_argument(
         "--load",
@@ -123,7 +131,7 @@ def main():
     header = (
         f"\n## {datetime.date.today()}: {os.cpu_count()} cores, {machine}, torch {torch.__version__}, "
         f"--torch-threads {'default' if args.threads is None else args.threads}, {args.load} busy processes "
-        f"beside, {args.updates} updates, median of {args.repeats} runs\n\n"
+        f"beside, {args.together} at once, {args.updates} updates, median of {args.repeats * args.together} runs\n\n"
         "| script | device | mode | steps/s (median) | range | steps/s steady (median) | peak RSS (MiB) | "
         "peak CUDA (MiB) |\n|---|---|---|---|---|---|---|---|\n"
     )
@@ -135,20 +143,23 @@ def main():
         (s, d, m) for s in args.scripts for d in devices for m in args.modes if d == "cuda" or "cudagraphs" not in m
     ]:
         runs = []
+        command = [sys.executable, __file__, "--child", script, device, mode, "--updates", str(args.updates), *threads]
         for _ in range(args.repeats):
-            out = subprocess.run(
-                [sys.executable, __file__, "--child", script, device, mode, "--updates", str(args.updates), *threads],
-                capture_output=True,
-                text=True,
-                cwd=tempfile.mkdtemp(),
-            )
-            if out.returncode:
-                failed.append(f"{script} on {device} ({mode}) failed:\n{out.stderr[-3000:]}")
-                print(failed[-1], file=sys.stderr, flush=True)
-                break
-            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        if len(runs) < args.repeats:
-            write(args.out, f"| {script} | {device} | {mode} | failed (exit {out.returncode}) | | | | |\n")
+            copies = [
+                subprocess.Popen(
+                    command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tempfile.mkdtemp()
+                )
+                for _ in range(args.together)
+            ]
+            for copy in copies:
+                stdout, stderr = copy.communicate()
+                if copy.returncode:
+                    failed.append(f"{script} on {device} ({mode}) failed:\n{stderr[-3000:]}")
+                    print(failed[-1], file=sys.stderr, flush=True)
+                else:
+                    runs.append(json.loads(stdout.strip().splitlines()[-1]))
+        if len(runs) < args.repeats * args.together:
+            write(args.out, f"| {script} | {device} | {mode} | failed | | | | |\n")
             continue
         sps, steady = sorted(m["sps"] for m in runs), statistics.median(m["steady_sps"] for m in runs)
         cuda = f"{max(m['peak_cuda_mib'] for m in runs):.0f}" if device == "cuda" else "-"
