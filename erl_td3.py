@@ -85,9 +85,9 @@ class Args:
     """on a GPU, deterministic algorithms wherever PyTorch has them (docs/fast_path.md)"""
     cuda: bool = True
     """use the GPU if there is one"""
-    torch_threads: int = 1
-    """CPU threads for torch: 1 does not slow down when other work shares the cores (docs/command_line.md); 0 keeps
-    torch's default, one per core"""
+    torch_threads: int = 0
+    """CPU threads for torch: 0 chooses them as the run goes (the CPUs this process may use that other processes
+    leave idle, one when none is; rechecked every 2 s, shown on the progress line); N fixes N (docs/command_line.md)"""
     track: bool = False
     """log to Weights and Biases (set WANDB_MODE=offline to log without a network)"""
     wandb_project_name: str = "rl-baselines"
@@ -677,6 +677,12 @@ def fail(message):
     sys.exit(f"error: {message}")
 
 
+def stop_before_the_run(signum, frame):
+    """A signal before the run has its directory (Run's handler then takes over): nothing to save."""
+    print(f"{signal.Signals(signum).name} before the run started: nothing written", file=sys.stderr)
+    sys.exit(128 + signum)
+
+
 def first_line(error):
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
@@ -820,7 +826,7 @@ def restore(checkpoint, state, envs, start):
 
 
 def choose_device(args):
-    """The training device (a warning line when --cuda finds no GPU), and torch's threads."""
+    """The training device (a warning line when --cuda finds no GPU), and a fixed --torch-threads."""
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     if "--cuda" in sys.argv[1:] and not torch.cuda.is_available():  # asked for on the command line, not the default
@@ -830,6 +836,52 @@ def choose_device(args):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition, before its first use
         torch.use_deterministic_algorithms(True, warn_only=True)  # a warning names any op that has no such version
     return device
+
+
+class Threads:
+    """--torch-threads 0: torch's CPU threads, chosen every 2 s as the CPUs this process may use (its affinity, as
+    taskset or Slurm set it, and a cgroup's quota) less what other processes used of them in those 2 s: all of them
+    on an idle machine, one beside busy processes or other runs. A run starts with one; fewer at once when others
+    come, more when two checks in a row find idle CPUs. Torch's threads spin while they wait for each other, so two
+    threads beside one busy process run at under half of one thread's speed (benchmark/results/threads.md). The
+    number of threads changes no result: the golden runs are the same at 1 and 2."""
+
+    def __init__(self):
+        self.most = torch.get_num_threads()  # torch's default: one per core
+        with contextlib.suppress(OSError, ValueError):  # "max": no quota
+            quota, period = open("/sys/fs/cgroup/cpu.max").read().split()
+            self.most = min(self.most, max(1, int(quota) // int(period)))
+        self.rising = False
+        self.last = self.reading()
+        torch.set_num_threads(1)
+
+    def reading(self):
+        """The time, the busy CPU seconds of this process's CPUs (all processes') and this process's own; None where
+        the system does not say (no /proc/stat)."""
+        try:
+            cpus = os.sched_getaffinity(0)
+            with open("/proc/stat") as f:  # a line per CPU: "cpuN" and its times in ticks, idle 4th, iowait 5th
+                lines = [line.split() for line in f if line[3].isdigit()]
+            ticks = [list(map(int, t)) for name, *t in lines if int(name[3:]) in cpus]
+        except (OSError, AttributeError, ValueError):
+            return None
+        busy = sum(sum(t[:8]) - t[3] - t[4] for t in ticks) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+        return time.monotonic(), busy, sum(os.times()[:2]), len(cpus)
+
+    def fits(self, now):
+        """The threads that the CPUs left idle since the last reading fit: a core a fifth used by others is busy."""
+        if not (now and self.last):
+            return 1
+        others = max(now[1] - self.last[1] - (now[2] - self.last[2]), 0.0) / max(now[0] - self.last[0], 1e-3)
+        return max(1, min(self.most, int(now[3] - others + 0.2)))
+
+    def choose(self):
+        now = self.reading()
+        fits, threads = self.fits(now), torch.get_num_threads()
+        if fits < threads or fits > threads and self.rising:
+            torch.set_num_threads(fits)
+        self.rising = fits > torch.get_num_threads()
+        self.last = now or (time.monotonic(), 0.0, 0.0, 1)
 
 
 def check_memory(device, args, networks, buffer):
@@ -1022,6 +1074,9 @@ class Run:
     def __init__(self, args, checkpoint, device):
         self.args = args
         self.device = device
+        self.signal = None  # from here on a signal ends the run at its next step, with a checkpoint
+        self.evaluating = False
+        self.handlers = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         self.dir, self.lock = claim_run_dir(args)
         self.name = os.path.basename(self.dir)
         saved = checkpoint["run"] if checkpoint else {"wall_time": 0.0, "evaluations": [], "evaluation_due": False}
@@ -1053,9 +1108,7 @@ class Run:
         self.tty = sys.stdout.isatty()
         self.line_open = False  # a progress line on the terminal, which the next line replaces
         self.last_report = (time.time(), loop["global_step"], loop["num_updates"], not checkpoint)
-        self.signal = None
-        self.evaluating = False
-        self.handlers = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        self.threads = Threads() if not args.torch_threads else None
         print(f"run {self.dir}: {args.env_id}, {args.total_timesteps} steps on {device}", flush=True)
         if checkpoint:
             print(f"resumed {self.dir} at global_step {loop['global_step']}", flush=True)
@@ -1068,6 +1121,8 @@ class Run:
     def progress(self, global_step, num_updates):
         """Env steps/s and updates/s since the last report, the last evaluation and the ETA: on a terminal a line
         rewritten every second, in a log (Slurm, a sweep) a line after 10 s and then every minute."""
+        if self.threads and time.monotonic() - self.threads.last[0] >= 2:
+            self.threads.choose()
         now = time.time()
         then, last_step, last_updates, first = self.last_report
         if now - then < (1.0 if self.tty else 10.0 if first else 60.0):
@@ -1079,10 +1134,11 @@ class Run:
         last = "{2:.1f} +- {3:.1f}".format(*self.evaluations[-1]) if self.evaluations else "-"
         done = 1 - left / self.args.total_timesteps
         fields = [f"step {global_step}/{self.args.total_timesteps} ({done:.0%})", f"{sps:.0f} steps/s",
-                  f"{ups:.0f} updates/s", f"last eval {last}", f"ETA {eta}"]
+                  f"{ups:.0f} updates/s", f"last eval {last}", f"ETA {eta}",
+                  f"{torch.get_num_threads()} thread" + "s" * (torch.get_num_threads() > 1)]
         if self.tty:  # one line of the terminal's width: the fields least needed go first
             width = shutil.get_terminal_size().columns - 1
-            for name in ("updates/s", "last eval", "steps/s"):
+            for name in ("thread", "updates/s", "last eval", "steps/s"):
                 fields = [f for f in fields if name not in f] if len(" | ".join(fields)) > width else fields
         self.say(" | ".join(fields)[: width if self.tty else None], end="" if self.tty else "\n")
         self.line_open = self.tty  # rewritten in place until a line of its own follows
@@ -1228,4 +1284,6 @@ class Run:
 
 
 if __name__ == "__main__":
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, stop_before_the_run)
     main(parse_args())

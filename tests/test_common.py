@@ -7,7 +7,9 @@ import itertools
 import json
 import os
 import re
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -180,11 +182,52 @@ def test_progress_in_a_log(script, tmp_path, monkeypatch, capsys):
     fake_clock(importlib.import_module(script), monkeypatch)
     run_main(script, flags_with(TINY, eval_freq=0), tmp_path, monkeypatch)
     lines = [line for line in capsys.readouterr().out.splitlines() if "steps/s" in line]
-    pattern = r"step (\d+)/400 \(\d+%\) \| \d+ steps/s \| (\d+) updates/s \| last eval - \| ETA (\d+:\d\d:\d\d|-)"
+    pattern = (
+        r"step (\d+)/400 \(\d+%\) \| \d+ steps/s \| (\d+) updates/s \| last eval - \| ETA (\d+:\d\d:\d\d|-) \| 1 thread"
+    )
     assert lines
     assert all(re.fullmatch(pattern, line) for line in lines), lines
     if script != "erl_td3":  # ERL reports at its generations' ends and has no random phase
         assert min(int(re.fullmatch(pattern, line).group(1)) for line in lines) <= 200  # before learning starts
+
+
+def test_threads_follow_what_other_processes_leave_idle(script, monkeypatch):
+    """--torch-threads 0: a run starts with one thread, takes torch's default once two checks in a row find the CPUs
+    idle, and fewer at once as other processes use them (a core a fifth used counts as busy); one where the system
+    does not say."""
+    module = importlib.import_module(script)
+    # (time, busy CPU seconds of this process's 4 CPUs, this process's CPU seconds, CPUs): others use 0.1, 0.1,
+    # 2.0, then 2.9 of them.
+    readings = [(0, 0, 0, 4), (10, 20, 19, 4), (20, 40, 38, 4), (30, 80, 58, 4), (40, 119, 68, 4), None]
+    monkeypatch.setattr(module.Threads, "reading", lambda self: readings.pop(0))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(4)  # as torch's default on a 4-core machine
+    try:
+        rule = module.Threads()
+        chosen = [torch.get_num_threads()]
+        for _ in range(5):
+            rule.choose()
+            chosen.append(torch.get_num_threads())
+    finally:
+        torch.set_num_threads(threads)
+    assert chosen == [1, 1, 4, 2, 1, 1]
+
+
+def test_threads_beside_busy_processes(script):
+    """The rule's reading of the system, live: one busy process on each CPU this process may use leaves one thread."""
+    module = importlib.import_module(script)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in os.sched_getaffinity(0)]
+    threads = torch.get_num_threads()
+    try:
+        time.sleep(0.5)  # the busy processes running
+        rule = module.Threads()
+        time.sleep(1.0)
+        assert rule.last is not None  # Linux says: /proc/stat and the affinity
+        assert rule.fits(rule.reading()) == 1
+    finally:
+        torch.set_num_threads(threads)
+        for process in busy:
+            process.kill()
 
 
 def test_progress_after_resume(script, tmp_path, monkeypatch, capsys):

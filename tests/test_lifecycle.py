@@ -134,6 +134,16 @@ def test_signals_in_training(script, signum, tmp_path):
     assert f"resumed {run_dir} at global_step {step}" in result.stdout
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_before_the_run_starts(script, signum, tmp_path):
+    """Ctrl-C or SIGTERM while the env is made (before the run's directory exists): one line, 128 + signal, nothing
+    written."""
+    proc = start_cli(script, flags_with(TINY, env_id=toy_env(script, "CounterSlowToMake-v0")), tmp_path)
+    stderr = signal_when(proc, (tmp_path / "making_env").exists, signum, settle=0.2, within=5)
+    one_error_line(stderr, f"{signal.Signals(signum).name} before the run started: nothing written")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_signal_during_an_evaluation(script, tmp_path):
     """A signal during an evaluation (its env is slow from the 100th step on: 5 s an episode) ends it within seconds;
     the checkpoint says the evaluation is still due, and the resumed run makes it first, at the checkpoint's step."""

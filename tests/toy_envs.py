@@ -31,7 +31,11 @@ class CounterEnv(gym.Env):
         render_mode=None,
         step_seconds=0.0,
         action_space=None,
+        make_seconds=0.0,
     ):
+        if make_seconds:  # an env slow to make: a signal can come before the run has started
+            Path("making_env").touch()
+            time.sleep(make_seconds)
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
         self.action_space = action_space or (
             gym.spaces.Discrete(3)
@@ -89,6 +93,12 @@ for prefix, discrete in [("", False), ("Discrete", True)]:
         CounterEnv,
         max_episode_steps=1000,
         kwargs={"step_seconds": 0.005, "discrete": discrete},
+    )
+    gym.register(
+        f"{prefix}CounterSlowToMake-v0",
+        CounterEnv,
+        max_episode_steps=7,
+        kwargs={"make_seconds": 30.0, "discrete": discrete},
     )
 # Spaces a script must refuse: actions of two dimensions, a Discrete space that does not start at 0.
 gym.register(
