@@ -643,7 +643,7 @@ class Threads:
         try:
             cpus = os.sched_getaffinity(0)
             with open("/proc/stat") as f:  # a line per CPU: "cpuN" and its times in ticks, idle 4th, iowait 5th
-                lines = [line.split() for line in f if line[3].isdigit()]
+                lines = [line.split() for line in f if line[3:4].isdigit()]
             ticks = [list(map(int, t)) for name, *t in lines if int(name[3:]) in cpus]
         except (OSError, AttributeError, ValueError):
             return None
