@@ -564,6 +564,7 @@ class Threads:
             self.most = min(self.most, max(1, int(quota) // int(period)))
         self.rising = False
         self.last = self.reading()
+        self.checked = time.monotonic()
         torch.set_num_threads(1)
 
     def reading(self):
@@ -592,7 +593,8 @@ class Threads:
         if fits < threads or fits > threads and self.rising:
             torch.set_num_threads(fits)
         self.rising = fits > torch.get_num_threads()
-        self.last = now or (time.monotonic(), 0.0, 0.0, 1)
+        self.last = now
+        self.checked = time.monotonic()
 
 
 def check_memory(device, args, networks, buffer):
@@ -832,7 +834,7 @@ class Run:
     def progress(self, global_step, num_updates):
         """Env steps/s and updates/s since the last report, the last evaluation and the ETA: on a terminal a line
         rewritten every second, in a log (Slurm, a sweep) a line after 10 s and then every minute."""
-        if self.threads and time.monotonic() - self.threads.last[0] >= 2:
+        if self.threads and time.monotonic() - self.threads.checked >= 2:
             self.threads.choose()
         now = time.time()
         then, last_step, last_updates, first = self.last_report

@@ -17,7 +17,6 @@ Each script runs in a process of its own; the markdown goes to stdout and is app
 """
 
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from benchmark.speed import workload_flags  # noqa: E402
+from benchmark.speed import load_script, workload_flags  # noqa: E402
 
 GROUPS = {  # the ops' name prefixes of each group; the rest are "other ops"
     "matrix products": ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul"),
@@ -51,9 +50,7 @@ def run_script(script, updates, threads, wrap):
     """Run the workload of `script` in this process, inside the context manager `wrap`; returns seconds taken."""
     import tyro
 
-    spec = importlib.util.spec_from_file_location(Path(script).stem, REPO / script)
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(script)
     args = tyro.cli(module.Args, args=workload_flags(script, "cpu", updates, threads))
     start = time.perf_counter()
     with wrap:

@@ -67,15 +67,21 @@ def workload_flags(script, device, updates, threads=None, mode="eager"):
     return flags + MODE_FLAGS[mode]
 
 
+def load_script(script):
+    """Import an algorithm script from the repository as a module of its own name (torch.compile looks it up)."""
+    spec = importlib.util.spec_from_file_location(Path(script).stem, REPO / script)
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def child(script, device, updates, threads, mode="eager"):
     """Run the workload in this process; print one JSON line with the measurements."""
     import torch
     import tyro
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    spec = importlib.util.spec_from_file_location(Path(script).stem, REPO / script)
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # torch.compile looks modules up by name
-    spec.loader.exec_module(module)
+    module = load_script(script)
     flags = workload_flags(script, device, updates, threads, mode)
     summary = module.main(tyro.cli(module.Args, args=flags))
     events = EventAccumulator(summary["run_dir"], size_guidance={"scalars": 0})

@@ -213,6 +213,20 @@ def test_threads_follow_what_other_processes_leave_idle(script, monkeypatch):
     assert chosen == [1, 1, 4, 2, 1, 1]
 
 
+def test_threads_where_the_system_does_not_say(script, tmp_path, monkeypatch, capsys):
+    """--torch-threads 0 without /proc/stat or an affinity (macOS): the run goes on with one thread, its progress
+    lines saying so."""
+    module = importlib.import_module(script)
+    monkeypatch.setattr(module.Threads, "reading", lambda self: None)
+    fake_clock(module, monkeypatch)
+    clock = itertools.count(start=0.0, step=3.0)  # a check every reading
+    monkeypatch.setattr(module.time, "monotonic", lambda: next(clock))
+    run_main(script, flags_with(TINY, torch_threads=0, eval_freq=0), tmp_path, monkeypatch)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "steps/s" in line]
+    assert lines
+    assert all(line.endswith("| 1 thread") for line in lines), lines
+
+
 def test_threads_beside_busy_processes(script):
     """The rule's reading of the system, live: one busy process on each CPU this process may use leaves one thread."""
     module = importlib.import_module(script)
