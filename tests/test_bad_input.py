@@ -65,6 +65,10 @@ OWN = {
             ["--env-id", "PongNoFrameskip-v4", "--buffer-size", "10000000"],
             "lower --buffer-size",
         ),
+        "atari batch larger than memory": (  # 324 GiB with the conv layers' activations, 11 counting their biases alone
+            ["--env-id", "PongNoFrameskip-v4", "--batch-size", "200000", "--buffer-size", "200000"],
+            "lower --buffer-size or --batch-size",
+        ),
     },
     "td7_continuous": {
         "wrong action space": (["--env-id", "CartPole-v1"], "Discrete action space"),
