@@ -565,8 +565,7 @@ def main(args):
     actor_optimizers = [adam(a.parameters()) for a in actors]
     q_optimizers = [adam(q.parameters()) for q in qfs]
     rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.batch_size, args.num_rl_agents, device)
-    # Each critic's learners: K (actor, critic) pairs, or K actors and one shared critic. Each critic's two updates
-    # as callables without arguments, compiled or captured as CUDA graphs under the flags.
+    # Each critic's learners (K actor-critic pairs, or K actors and one shared critic), and its updates as callables.
     critic_learners = [list(range(args.num_rl_agents))] if args.shared_critic else [[k] for k in range(len(qfs))]
     critic_steps = [accelerate(partial(update_critic, rb, learners, actor_targets, qfs[q], qf_targets[q],
                                        q_optimizers[q], args), args) for q, learners in enumerate(critic_learners)]
@@ -584,12 +583,13 @@ def main(args):
     # resumed run makes before the genetic step, as an uninterrupted run does.
     start = {"global_step": 0, "num_updates": 0, "generation": 0, "fitness": np.zeros(args.pop_size), "injected": [],
              "fates": {"elite": 0, "selected": 0, "discarded": 0}, "champion": 0, "updates_due": 0,
-             "generation_steps": 0, "learner_returns": np.zeros(args.num_rl_agents)}
+             "generation_steps": 0, "learner_returns": np.zeros(args.num_rl_agents),
+             "actor_losses": [torch.zeros(len(learners)) for learners in critic_learners]}  # the last: delayed updates
     if checkpoint:
         start = restore(checkpoint, state, envs + learner_envs, start)
     (global_step, num_updates, generation, fitness, injected, fates, champion, updates_due, generation_steps,
-     learner_returns) = start.values()
-    actor_losses = [torch.zeros(len(learners), device=device) for learners in critic_learners]
+     learner_returns, actor_losses) = start.values()
+    actor_losses = [losses.to(device) for losses in actor_losses]
     run = Run(args, checkpoint, device)
     try:
         if run.evaluation_due:  # the checkpoint's evaluation, which a signal interrupted
@@ -642,7 +642,7 @@ def main(args):
                 run.save_checkpoint(state, envs + learner_envs, global_step=global_step, num_updates=num_updates,
                                     generation=generation, fitness=fitness, injected=injected, fates=fates,
                                     champion=champion, updates_due=updates_due, generation_steps=generation_steps,
-                                    learner_returns=learner_returns)
+                                    learner_returns=learner_returns, actor_losses=actor_losses)
         if args.save_model:
             run.save_model({"weights": [w.cpu() for w in weights], "biases": [b.cpu() for b in biases],
                             "fitness": fitness}, **{f"actor_{k}": a for k, a in enumerate(actors)},
@@ -1099,7 +1099,8 @@ class Run:
             except Exception as e:  # a key wandb refuses, no server, an unknown entity
                 fail(f"--track: wandb cannot start: {first_line(e)}")
         loop = checkpoint["loop"] if checkpoint else {"global_step": 0, "num_updates": 0}
-        self.writer = SummaryWriter(self.dir, purge_step=loop["global_step"] if checkpoint else None)
+        # Points logged after the checkpoint by the run it continues are dropped; those at its step are the same.
+        self.writer = SummaryWriter(self.dir, purge_step=loop["global_step"] + 1 if checkpoint else None)
         table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
         self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
         # Each update's metrics stay on the device until the next log, so that a non-finite one can be named with

@@ -385,12 +385,14 @@ def main(args):
 
     obs, _ = envs.reset(seed=args.seed)
     start = {"global_step": 0, "num_updates": 0, "obs": obs, "episode_return": np.zeros(args.num_envs),
-             "episode_length": np.zeros(args.num_envs, dtype=np.int64)}
+             "episode_length": np.zeros(args.num_envs, dtype=np.int64),
+             "actor_loss": torch.zeros(()), "alpha_loss": torch.zeros(())}  # the last: the policy is updated less often
     if checkpoint:
         start = restore(checkpoint, state, envs.envs, start)
-    global_step, num_updates, obs, episode_return, episode_length = start.values()
+    global_step, num_updates, obs, episode_return, episode_length, actor_loss, alpha_loss = start.values()
+    actor_loss = actor_loss.to(device)
+    alpha_loss = alpha_loss.to(device)
     obs_on_device = upload(obs, device)
-    actor_loss = alpha_loss = torch.zeros((), device=device)
     run = Run(args, checkpoint, device)
     try:
         if run.evaluation_due:  # the checkpoint's evaluation, which a signal interrupted
@@ -435,7 +437,8 @@ def main(args):
                 run.evaluate(global_step, actor.mode)
             if crossed(global_step, args.checkpoint_freq, args.num_envs) or done and args.checkpoint_freq or run.signal:
                 run.save_checkpoint(state, envs.envs, global_step=global_step, num_updates=num_updates, obs=obs,
-                                    episode_return=episode_return, episode_length=episode_length)
+                                    episode_return=episode_return, episode_length=episode_length,
+                                    actor_loss=actor_loss, alpha_loss=alpha_loss)
         if args.save_model:
             run.save_model(actor=actor, qf=qf)
         run.finish()
@@ -881,7 +884,8 @@ class Run:
             except Exception as e:  # a key wandb refuses, no server, an unknown entity
                 fail(f"--track: wandb cannot start: {first_line(e)}")
         loop = checkpoint["loop"] if checkpoint else {"global_step": 0, "num_updates": 0}
-        self.writer = SummaryWriter(self.dir, purge_step=loop["global_step"] if checkpoint else None)
+        # Points logged after the checkpoint by the run it continues are dropped; those at its step are the same.
+        self.writer = SummaryWriter(self.dir, purge_step=loop["global_step"] + 1 if checkpoint else None)
         table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
         self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
         # Each update's metrics stay on the device until the next log, so that a non-finite one can be named with

@@ -1102,7 +1102,8 @@ class Run:
             except Exception as e:  # a key wandb refuses, no server, an unknown entity
                 fail(f"--track: wandb cannot start: {first_line(e)}")
         loop = checkpoint["loop"] if checkpoint else {"global_step": 0, "num_updates": 0}
-        self.writer = SummaryWriter(self.dir, purge_step=loop["global_step"] if checkpoint else None)
+        # Points logged after the checkpoint by the run it continues are dropped; those at its step are the same.
+        self.writer = SummaryWriter(self.dir, purge_step=loop["global_step"] + 1 if checkpoint else None)
         table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
         self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
         # Each update's metrics stay on the device until the next log, so that a non-finite one can be named with

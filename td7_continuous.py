@@ -328,6 +328,12 @@ def frozen_copy(network):
     return copy.deepcopy(network).requires_grad_(False)
 
 
+def copy_weights(*pairs):
+    """Each (target, source) pair in turn: the target takes the source's weights."""
+    for target, source in pairs:
+        target.load_state_dict(source.state_dict())
+
+
 def update_encoder(batch, encoder, encoder_optimizer):
     """SALE: g(f(s), a) predicts f(s'), both from the current encoder."""
     obs, action, _, _, next_obs = batch
@@ -544,12 +550,13 @@ def main(args):
     eval_actor, eval_encoder = (checkpoint_actor, checkpoint_encoder) if use_checkpoints else (actor, fixed_encoder)
     obs, _ = envs.reset(seed=args.seed)
     start = {"global_step": 0, "num_updates": 0, "updates_due": 0, "allow_train": args.offline, "obs": obs,
-             "episode_return": np.zeros(args.num_envs), "episode_length": np.zeros(args.num_envs, dtype=np.int64)}
+             "episode_return": np.zeros(args.num_envs), "episode_length": np.zeros(args.num_envs, dtype=np.int64),
+             "actor_loss": torch.zeros(())}  # the last: the policy is updated less often
     if checkpoint:
         start = restore(checkpoint, state, envs.envs, start)
-    global_step, num_updates, updates_due, allow_train, obs, episode_return, episode_length = start.values()
+    global_step, num_updates, updates_due, allow_train, obs, episode_return, episode_length, actor_loss = start.values()
     obs_on_device = upload(obs, device)
-    metrics = {"actor_loss": torch.zeros((), device=device)}  # the last of each, as the actor's is delayed
+    metrics = {"actor_loss": actor_loss.to(device)}  # the last of each
     run = Run(args, checkpoint, device)
     try:
         if run.evaluation_due:  # the checkpoint's evaluation, which a signal interrupted
@@ -577,8 +584,7 @@ def main(args):
                     if allow_train and use_checkpoints:
                         take_checkpoint, updates = policy.episode_end(int(episode_length[i]), float(episode_return[i]))
                         if take_checkpoint:
-                            checkpoint_actor.load_state_dict(actor.state_dict())
-                            checkpoint_encoder.load_state_dict(fixed_encoder.state_dict())
+                            copy_weights((checkpoint_actor, actor), (checkpoint_encoder, fixed_encoder))
                         updates_due += updates
                     allow_train = allow_train or global_step > args.learning_starts
                     episode_return[i], episode_length[i] = 0.0, 0
@@ -593,10 +599,8 @@ def main(args):
                 updates_due -= 1
                 metrics.update(update_steps[num_updates % args.policy_frequency == 0]())
                 if num_updates % args.target_update_rate == 0:  # the cascade: each target takes what it follows
-                    actor_target.load_state_dict(actor.state_dict())
-                    qf_target.load_state_dict(qf.state_dict())
-                    fixed_encoder_target.load_state_dict(fixed_encoder.state_dict())  # the old fixed encoder
-                    fixed_encoder.load_state_dict(encoder.state_dict())
+                    copy_weights((actor_target, actor), (qf_target, qf), (fixed_encoder_target, fixed_encoder),
+                                 (fixed_encoder, encoder))  # the fixed target takes the old fixed encoder first
                     rb.reset_max_priority()
                     value_clip.copy_(value_range)
                 run.record(global_step, num_updates, **metrics)
@@ -608,7 +612,8 @@ def main(args):
             if crossed(global_step, args.checkpoint_freq, args.num_envs) or done and args.checkpoint_freq or run.signal:
                 run.save_checkpoint(state, envs.envs, global_step=global_step, num_updates=num_updates,
                                     updates_due=updates_due, allow_train=allow_train, obs=obs,
-                                    episode_return=episode_return, episode_length=episode_length)
+                                    episode_return=episode_return, episode_length=episode_length,
+                                    actor_loss=metrics["actor_loss"])
         if args.save_model:
             run.save_model(actor=eval_actor, encoder=eval_encoder, qf=qf)
         if args.save_buffer:
@@ -1069,7 +1074,8 @@ class Run:
             except Exception as e:  # a key wandb refuses, no server, an unknown entity
                 fail(f"--track: wandb cannot start: {first_line(e)}")
         loop = checkpoint["loop"] if checkpoint else {"global_step": 0, "num_updates": 0}
-        self.writer = SummaryWriter(self.dir, purge_step=loop["global_step"] if checkpoint else None)
+        # Points logged after the checkpoint by the run it continues are dropped; those at its step are the same.
+        self.writer = SummaryWriter(self.dir, purge_step=loop["global_step"] + 1 if checkpoint else None)
         table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
         self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
         # Each update's metrics stay on the device until the next log, so that a non-finite one can be named with

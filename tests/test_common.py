@@ -69,22 +69,35 @@ def test_same_seed_same_numbers(script, tmp_path, monkeypatch):
     assert read_evaluations(a["run_dir"])[-1]["returns"] != read_evaluations(c["run_dir"])[-1]["returns"]
 
 
+def logged_losses(run_dir):
+    """The losses/ scalars of a run's TensorBoard files, as (step, value) pairs per tag."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    tags = [tag for tag in events.Tags()["scalars"] if tag.startswith("losses/")]
+    return {tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in tags}
+
+
 def test_resume_continues_identically(script, tmp_path, monkeypatch):
-    """400 steps straight == 300 steps (updates from 200 on), then --resume for 100 more: networks, optimisers, replay
-    buffer, RNGs, env states and evaluations, bit for bit. (ERL: 1000 then 2000 steps, so that its generations of
-    about 550 steps on Hopper fall on both sides of the break.)"""
+    """400 steps straight == 300 steps (101 updates, from step 199 on: the last a critic update alone), then --resume
+    for 100 more: networks, optimisers, replay buffer, RNGs, env states, evaluations and the logged losses (the last
+    actor loss carried over the break), bit for bit. (ERL: 1000 then 2000 steps, so that its generations of about
+    550 steps on Hopper fall on both sides of the break.)"""
     half_steps, steps = (1000, 2000) if script == "erl_td3" else (300, 400)
     # Evaluations every 100 steps: the half run's final one falls on the straight run's schedule.
-    straight = straight_run(script, tmp_path / "a", monkeypatch, total_timesteps=steps, eval_freq=100)
-    half = straight_run(script, tmp_path / "b", monkeypatch, total_timesteps=half_steps, eval_freq=100)
+    flags = {"eval_freq": 100} if script == "erl_td3" else {"eval_freq": 100, "learning_starts": 199}
+    straight = straight_run(script, tmp_path / "a", monkeypatch, total_timesteps=steps, **flags)
+    half = straight_run(script, tmp_path / "b", monkeypatch, total_timesteps=half_steps, **flags)
     resumed = straight_run(
         script,
         tmp_path / "b",
         monkeypatch,
         total_timesteps=steps,
-        eval_freq=100,
         resume=Path(half["run_dir"]) / "checkpoint.pt",
+        **flags,
     )
+    assert logged_losses(straight["run_dir"]) == logged_losses(resumed["run_dir"])
     assert half["global_step"] < steps
     assert resumed["run_dir"] == half["run_dir"]
     assert resumed["global_step"] == straight["global_step"] >= steps
