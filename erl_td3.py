@@ -735,6 +735,9 @@ def check_args(args):
         " no update would happen": args.learning_starts >= args.buffer_size,
         f"--num-elites {args.num_elites} plus --num-rl-agents {args.num_rl_agents} exceed --pop-size {args.pop_size}: "
         "no room for the elites beside the learners' copies": args.num_elites + args.num_rl_agents > args.pop_size,
+        "--injection spare-elites is for --genetic-step erl (mutation-only keeps the learners' slots unselected)": (
+            args.injection != "erl" and args.genetic_step != "erl"
+        ),
         f"--exp-name {args.exp_name!r} must be a plain file name of 1-100 characters": not (
             0 < len(args.exp_name) <= 100 and "/" not in args.exp_name and not args.exp_name.startswith(".")
         ),
