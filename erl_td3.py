@@ -735,9 +735,7 @@ def check_args(args):
         " no update would happen": args.learning_starts >= args.buffer_size,
         f"--num-elites {args.num_elites} plus --num-rl-agents {args.num_rl_agents} exceed --pop-size {args.pop_size}: "
         "no room for the elites beside the learners' copies": args.num_elites + args.num_rl_agents > args.pop_size,
-        "--injection spare-elites is for --genetic-step erl (mutation-only keeps the learners' slots unselected)": (
-            args.injection != "erl" and args.genetic_step != "erl"
-        ),
+        "--injection spare-elites is for --genetic-step erl": args.injection != "erl" and args.genetic_step != "erl",
         f"--exp-name {args.exp_name!r} must be a plain file name of 1-100 characters": not (
             0 < len(args.exp_name) <= 100 and "/" not in args.exp_name and not args.exp_name.startswith(".")
         ),
@@ -903,7 +901,9 @@ def check_memory(device, args, networks, buffer):
     each layer and sample), and on the host each checkpoint's copy of the buffer; otherwise fail with one line."""
     with torch.device("meta"):
         named = [p for net in networks() for p in net.named_parameters()]
-    networks_need = 16 * sum(p.numel() * (args.batch_size if "bias" in name else 1) for name, p in named)
+    # A layer's activations per sample: a bias's units, times a conv layer's output area (its bias's `area`).
+    networks_need = 16 * sum(p.numel() * (args.batch_size * getattr(p, "area", 1) if "bias" in name else 1)
+                             for name, p in named)
     buffer_need = sum(t.numel() * t.element_size() for t in tensors(buffer))
     free = {"cpu": int(open("/proc/meminfo").read().split("MemAvailable:")[1].split()[0]) * 1024}
     with contextlib.suppress(OSError, ValueError):

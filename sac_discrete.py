@@ -276,7 +276,12 @@ def network(obs_shape, n_out, hidden=256):
                              nn.Linear(hidden, n_out))
     conv = nn.Sequential(nn.Conv2d(obs_shape[0], 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
                          nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
-    conv_features = conv(torch.zeros(1, *obs_shape)).shape[1]  # 3136 for 4x84x84
+    x = torch.zeros(1, *obs_shape)
+    for layer in conv:  # each layer's output for one sample: a conv layer's area is its activations per channel
+        x = layer(x)
+        if isinstance(layer, nn.Conv2d):
+            layer.bias.area = x[0, 0].numel()  # for check_memory
+    conv_features = x.shape[1]  # 3136 for 4x84x84
     net = nn.Sequential(conv, nn.Linear(conv_features, 512), nn.ReLU(), nn.Linear(512, n_out))
     for layer in net.modules():
         if isinstance(layer, (nn.Conv2d, nn.Linear)):
@@ -558,7 +563,6 @@ def main(args):
         device, args, lambda: [Actor(obs_shape, n_actions)] + [Critic(obs_shape, n_actions, args.num_critics)] * 2,
         FrameReplayBuffer(args.buffer_size, obs_shape, args.num_envs, args.batch_size, device, meta)
         if observations == "image" else ReplayBuffer(args.buffer_size, obs_shape[0], 1, args.batch_size, meta),
-        obs_shape,
     )
 
     actor = Actor(obs_shape, n_actions).to(device)
@@ -881,19 +885,16 @@ class Threads:
         self.checked = time.monotonic()
 
 
-def check_memory(device, args, networks, buffer, obs_shape):
+def check_memory(device, args, networks, buffer):
     """Where the replay `buffer` (built on the meta device: shapes, no memory) can live: the training device when the
     run fits in its free memory (the GPU's, or the host's within a cgroup's limit) with the `networks` (built here on
     the meta device) with gradients and Adam's moments and one update's activations (about four floats per unit of
     each layer and sample), and on the host each checkpoint's copy of the buffer; otherwise fail with one line."""
     with torch.device("meta"):
-        nets = networks()
-        units = []  # sac_discrete: each layer's outputs for one sample, a conv layer's channels x height x width
-        for layer in {m for net in nets for m in net.modules() if isinstance(m, (nn.Conv2d, nn.Linear))}:
-            layer.register_forward_hook(lambda layer, inputs, output: units.append(output[0].numel()))
-        for net in nets:
-            net(torch.zeros(1, *obs_shape))
-    networks_need = 16 * (sum(p.numel() for net in nets for p in net.parameters()) + args.batch_size * sum(units))
+        named = [p for net in networks() for p in net.named_parameters()]
+    # A layer's activations per sample: a bias's units, times a conv layer's output area (its bias's `area`).
+    networks_need = 16 * sum(p.numel() * (args.batch_size * getattr(p, "area", 1) if "bias" in name else 1)
+                             for name, p in named)
     buffer_need = sum(t.numel() * t.element_size() for t in tensors(buffer))
     free = {"cpu": int(open("/proc/meminfo").read().split("MemAvailable:")[1].split()[0]) * 1024}
     with contextlib.suppress(OSError, ValueError):

@@ -606,7 +606,9 @@ def check_memory(device, args, networks, buffer):
     each layer and sample), and on the host each checkpoint's copy of the buffer; otherwise fail with one line."""
     with torch.device("meta"):
         named = [p for net in networks() for p in net.named_parameters()]
-    networks_need = 16 * sum(p.numel() * (args.batch_size if "bias" in name else 1) for name, p in named)
+    # A layer's activations per sample: a bias's units, times a conv layer's output area (its bias's `area`).
+    networks_need = 16 * sum(p.numel() * (args.batch_size * getattr(p, "area", 1) if "bias" in name else 1)
+                             for name, p in named)
     buffer_need = sum(t.numel() * t.element_size() for t in tensors(buffer))
     free = {"cpu": int(open("/proc/meminfo").read().split("MemAvailable:")[1].split()[0]) * 1024}
     with contextlib.suppress(OSError, ValueError):
