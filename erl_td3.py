@@ -796,8 +796,9 @@ def read_checkpoint(args):
     checkpoint = load_checkpoint(args.resume)
     for name, value in asdict(args).items():
         if name not in WATCH_FLAGS and checkpoint["args"].get(name) != value:
-            saved = checkpoint["args"].get(name)
-            fail(f"--resume file {args.resume} was made with --{name.replace('_', '-')} {saved}, not {value}")
+            flag = "--" + name.replace("_", "-")
+            made = f"with {flag} {checkpoint['args'][name]}" if name in checkpoint["args"] else f"before {flag} existed"
+            fail(f"--resume file {args.resume} was made {made}, not {value}")
     step = checkpoint["loop"]["global_step"]
     unfinished = checkpoint["run"]["evaluation_due"] or checkpoint["loop"].get("updates_due")  # TD7, ERL: updates
     if args.total_timesteps <= step and not unfinished:
@@ -830,7 +831,8 @@ def restore(checkpoint, state, envs, start):
             torch.cuda.set_rng_state(checkpoint["rng"]["cuda"])
         return loop
     except (KeyError, RuntimeError, ValueError, TypeError) as e:
-        fail(f"the --resume checkpoint does not fit this run: {first_line(e)}")
+        lacks = f"it has no {e}, as made by another version of this script" if isinstance(e, KeyError) else ""
+        fail(f"the --resume checkpoint does not fit this run: {lacks or first_line(e)}")
 
 
 def choose_device(args):

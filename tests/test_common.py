@@ -79,14 +79,20 @@ def logged_losses(run_dir):
     return {tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in tags}
 
 
+BREAK_ON_A_CRITIC_UPDATE = {"erl_td3": {"policy_frequency": 3}, "td7_continuous": {"policy_frequency": 4}}
+
+
 def test_resume_continues_identically(script, tmp_path, monkeypatch):
-    """400 steps straight == 300 steps (101 updates, from step 199 on: the last a critic update alone), then --resume
-    for 100 more: networks, optimisers, replay buffer, RNGs, env states, evaluations and the logged losses (the last
-    actor loss carried over the break), bit for bit. (ERL: 1000 then 2000 steps, so that its generations of about
-    550 steps on Hopper fall on both sides of the break.)"""
+    """400 steps straight == 300 steps (updates from step 199 on), then --resume for 100 more: networks,
+    optimisers, replay buffer, RNGs, env states, evaluations and the logged losses, bit for bit. The first update
+    after the break makes no actor update, so the actor loss it logs is the one carried over the break. (ERL: 1000
+    then 2000 steps, so that its generations of about 550 steps on Hopper fall on both sides of the break; an actor
+    update every third, so that its 1334 updates at the break are followed by a critic update alone; TD7 every
+    fourth.)"""
     half_steps, steps = (1000, 2000) if script == "erl_td3" else (300, 400)
     # Evaluations every 100 steps: the half run's final one falls on the straight run's schedule.
-    flags = {"eval_freq": 100} if script == "erl_td3" else {"eval_freq": 100, "learning_starts": 199}
+    # Where the first update after the break is a critic update alone (asserted below; TD7's bursts end at 173).
+    flags = {"eval_freq": 100, **BREAK_ON_A_CRITIC_UPDATE.get(script, {"learning_starts": 199})}
     straight = straight_run(script, tmp_path / "a", monkeypatch, total_timesteps=steps, **flags)
     half = straight_run(script, tmp_path / "b", monkeypatch, total_timesteps=half_steps, **flags)
     resumed = straight_run(
@@ -97,6 +103,10 @@ def test_resume_continues_identically(script, tmp_path, monkeypatch):
         resume=Path(half["run_dir"]) / "checkpoint.pt",
         **flags,
     )
+    if script != "sac_discrete":  # (its policy is updated at every update)
+        updates = load_checkpoint(half["run_dir"])["loop"]["num_updates"]
+        first = updates + 1 if script == "td7_continuous" else updates  # TD7 counts the update before it asks
+        assert first % flags.get("policy_frequency", 2), "the first update after the break updates the actor too"
     assert logged_losses(straight["run_dir"]) == logged_losses(resumed["run_dir"])
     assert half["global_step"] < steps
     assert resumed["run_dir"] == half["run_dir"]
