@@ -158,10 +158,6 @@ class Args:
     """copy the learners' actors over the worst individuals every this many generations"""
     genetic_step: Literal["erl", "mutation-only"] = "erl"
     """erl: ERL's selection, crossover and mutation (SSNE.epoch); mutation-only: EvoRL's simplification"""
-    injection: Literal["erl", "spare-elites"] = "erl"
-    """with --genetic-step erl, where the learners' copies go: erl, over the worst by the fitness before the genetic
-    step, whatever the step put there (ERL's run_erl.py); spare-elites, over the worst that no elite's copy took
-    (this project's earlier rule, measured against ERL's in benchmark/results/erl_injection_2026-12-01/)"""
     crossover_prob: float = 0.0
     """with --genetic-step erl: probability that a pair of tournament winners is crossed too (ERL's configs: 0; the
     slots no winner keeps are always filled by crossover)"""
@@ -474,8 +470,8 @@ def next_generation(weights, biases, fitness, args, rng, learners=0):
     of winners are crossed with --crossover-prob; all but the elites' copies are mutated with --mutation-prob
     (ERL's mutation). Returns the slots of the elites' copies (the champion's first), the old population's elites
     and winners, and the slots of the `learners` copies of the learners: ERL's rule (`run_erl.py`), the worst by the
-    fitness before the step, whatever the step put there (an elite's copy too), or with --injection spare-elites
-    the worst that no elite's copy took."""
+    fitness before the step, whatever the step put there (an elite's copy too); the project's earlier rule, which
+    spared the elites' copies, did worse on three seeds (benchmark/results/erl_injection_2026-12-01/)."""
     learner_slots = np.argsort(fitness, kind="stable")[:learners].tolist()  # ERL's: the worst before the step
     rank = np.argsort(-fitness, kind="stable")
     elites = rank[: args.num_elites]
@@ -498,8 +494,6 @@ def next_generation(weights, biases, fitness, args, rng, learners=0):
             for p in weights + biases:
                 p[slot] = p[source]
         crossover(weights, biases, a, b, rng)
-    if args.injection == "spare-elites":  # the worst by the fitness that no elite's copy took
-        learner_slots = [i for i in np.argsort(fitness, kind="stable").tolist() if i not in copies][:learners]
     for a, b in zip(winners[0::2], winners[1::2]):
         if rng.uniform() < args.crossover_prob:
             crossover(weights, biases, a, b, rng)
@@ -735,7 +729,6 @@ def check_args(args):
         " no update would happen": args.learning_starts >= args.buffer_size,
         f"--num-elites {args.num_elites} plus --num-rl-agents {args.num_rl_agents} exceed --pop-size {args.pop_size}: "
         "no room for the elites beside the learners' copies": args.num_elites + args.num_rl_agents > args.pop_size,
-        "--injection spare-elites is for --genetic-step erl": args.injection != "erl" and args.genetic_step != "erl",
         f"--exp-name {args.exp_name!r} must be a plain file name of 1-100 characters": not (
             0 < len(args.exp_name) <= 100 and "/" not in args.exp_name and not args.exp_name.startswith(".")
         ),

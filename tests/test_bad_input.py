@@ -90,10 +90,6 @@ OWN = {
         "wrong action space": (["--env-id", "CartPole-v1"], "Discrete action space"),
         "elites crowd out learners": (["--num-elites", "10"], "exceed --pop-size"),
         "no elite": (["--num-elites", "0"], "--num-elites must be positive"),
-        "injection rule without its genetic step": (
-            ["--genetic-step", "mutation-only", "--injection", "spare-elites"],
-            "--injection spare-elites is for --genetic-step erl",
-        ),
         "learning starts beyond the buffer": (
             ["--learning-starts", "300", "--buffer-size", "200"],
             "--learning-starts 300",

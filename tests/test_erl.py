@@ -189,23 +189,6 @@ def test_learners_go_over_the_worst_by_the_fitness_before_the_genetic_step():
         assert all(torch.equal(w[slot], x) for w, x in zip(weights + biases, ws + bs))
 
 
-def test_learners_spare_the_elites_copies_with_spare_elites():
-    """--injection spare-elites: the learners' slots are the worst by the fitness among the slots that hold no elite's
-    copy; over many draws ERL's rule lands on an elite's copy at times, this one never."""
-    fitness = np.array([5.0, 1.0, 9.0, 3.0, 7.0, -3.0])
-    landed = {"erl": 0, "spare-elites": 0}
-    for injection in landed:
-        args = erl_td3.Args(num_elites=2, injection=injection)
-        for seed in range(50):
-            weights, biases = population(size=6)
-            copies, *_, slots = erl_td3.next_generation(weights, biases, fitness, args, np.random.default_rng(seed), 2)
-            landed[injection] += bool(set(slots) & set(copies.tolist()))
-            if injection == "spare-elites":
-                assert slots == [i for i in np.argsort(fitness, kind="stable") if i not in copies][:2]
-    assert landed["erl"] > 0
-    assert landed["spare-elites"] == 0
-
-
 def test_mutation_only_leaves_the_learners_slots_out_of_selection():
     """EvoRL's mutation-only step with one learner due: the worst individual is no parent and keeps its slot, the
     elites stay, every other slot is a mutated copy of a winner among the rest."""
