@@ -1086,7 +1086,8 @@ class Run:
         self.handlers = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         self.dir, self.lock = claim_run_dir(args)
         self.name = os.path.basename(self.dir)
-        saved = checkpoint["run"] if checkpoint else {"wall_time": 0.0, "evaluations": [], "evaluation_due": False}
+        fresh = {"wall_time": 0.0, "evaluations": [], "evaluation_due": False, "metrics": [], "metric_names": []}
+        saved = {**fresh, **checkpoint["run"]} if checkpoint else fresh  # (an older checkpoint logged its metrics)
         self.evaluations = saved["evaluations"]  # one row per evaluation, as evaluations.csv holds them
         self.evaluation_due = saved["evaluation_due"]
         self.start_time = time.time() - saved["wall_time"]
@@ -1109,9 +1110,10 @@ class Run:
         table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
         self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
         # Each update's metrics stay on the device until the next log, so that a non-finite one can be named with
-        # its update and step without waiting for the device after every update.
-        self.metrics = []
-        self.metric_names = []
+        # its update and step without waiting for the device after every update; a checkpoint keeps those not yet
+        # logged, so that a resumed run logs the points a straight run logs.
+        self.metrics = [(update, step, values.to(device)) for update, step, values in saved["metrics"]]
+        self.metric_names = saved["metric_names"]
         self.sps_start = None
         self.tty = sys.stdout.isatty()
         self.line_open = False  # a progress line on the terminal, which the next line replaces
@@ -1177,15 +1179,22 @@ class Run:
         for k, episode_return in enumerate(learner_returns):  # learner 0's under CleanRL's name
             self.writer.add_scalar("charts/episodic_return" + (f"_{k}" if k else ""), episode_return, global_step)
 
-    def log_metrics(self, global_step):
-        """Stop on the first non-finite metric since the last log; log their means and the env steps/s."""
+    def check_metrics(self):
+        """The metrics kept since the last log, stacked (None when there are none); stop on the first non-finite."""
         if not self.metrics:
-            return
+            return None
         values = torch.stack([m[2] for m in self.metrics])
         bad = (~torch.isfinite(values)).nonzero().tolist()
         if bad:
             update, step, _ = self.metrics[bad[0][0]]
             self.stop_on(f"non-finite {self.metric_names[bad[0][1]]} in update {update}, at global_step {step}")
+        return values
+
+    def log_metrics(self, global_step):
+        """Log the means of the metrics kept since the last log (all finite) and the env steps/s."""
+        values = self.check_metrics()
+        if values is None:
+            return
         for name, value in zip(self.metric_names, values.mean(0).tolist()):
             self.writer.add_scalar(f"losses/{name}", value, global_step)
         start_step, start_time = self.sps_start
@@ -1239,15 +1248,16 @@ class Run:
     def save_checkpoint(self, state, envs, **loop):
         """Write everything needed to continue: `state`, the envs, every RNG, the run's evaluations and the loop's
         values by name (global_step first). After a signal, the run ends here with exit status 128 + signal."""
-        self.log_metrics(loop["global_step"])
+        self.check_metrics()
         path = os.path.join(self.dir, "checkpoint.pt")
-        run = {"wall_time": time.time() - self.start_time, "evaluations": self.evaluations}
+        metrics = [(update, step, values.cpu()) for update, step, values in self.metrics]  # not yet logged
+        run = {"wall_time": time.time() - self.start_time, "evaluations": self.evaluations, "metrics": metrics}
         rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
         rng["cuda"] = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
         checkpoint = {
             "args": asdict(self.args),
             "loop": loop,
-            "run": {**run, "evaluation_due": self.evaluation_due},
+            "run": {**run, "metric_names": self.metric_names, "evaluation_due": self.evaluation_due},
             "state": {k: v.bit_generator.state if isinstance(v, np.random.Generator)
                       else v.detach().cpu() if isinstance(v, torch.Tensor) else v.state_dict()
                       for k, v in state.items()},

@@ -146,6 +146,16 @@ def load_checkpoint(run_dir):
     return checkpoint
 
 
+def logged_losses(run_dir):
+    """The losses/ scalars of a run's TensorBoard files, as (step, value) pairs per tag."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    tags = [tag for tag in events.Tags()["scalars"] if tag.startswith("losses/")]
+    return {tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in tags}
+
+
 @pytest.fixture(scope="session")
 def tiny_runs(tmp_path_factory):
     """One tiny run of each script through the command line, made once and shared by the tests that read it."""

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.conftest import (
+    logged_losses,
     DEFAULT_ENV,
     SCRIPTS,
     TINY,
@@ -67,16 +68,6 @@ def test_same_seed_same_numbers(script, tmp_path, monkeypatch):
     assert returns[0] == returns[1]
     c = straight_run(script, tmp_path / "c", monkeypatch, seed=2)
     assert read_evaluations(a["run_dir"])[-1]["returns"] != read_evaluations(c["run_dir"])[-1]["returns"]
-
-
-def logged_losses(run_dir):
-    """The losses/ scalars of a run's TensorBoard files, as (step, value) pairs per tag."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(run_dir))
-    events.Reload()
-    tags = [tag for tag in events.Tags()["scalars"] if tag.startswith("losses/")]
-    return {tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in tags}
 
 
 BREAK_ON_A_CRITIC_UPDATE = {"erl_td3": {"policy_frequency": 3}, "td7_continuous": {"policy_frequency": 4}}

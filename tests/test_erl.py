@@ -6,7 +6,17 @@ import pytest
 import torch
 
 import erl_td3
-from tests.conftest import TINY, assert_same, flags_with, load_checkpoint, run_cli, run_main, signal_when, start_cli
+from tests.conftest import (
+    TINY,
+    assert_same,
+    flags_with,
+    load_checkpoint,
+    logged_losses,
+    run_cli,
+    run_main,
+    signal_when,
+    start_cli,
+)
 
 ARGS = erl_td3.Args()
 
@@ -335,6 +345,7 @@ def test_signal_during_a_generations_updates(tmp_path):
         a.pop(key), b.pop(key)
     assert_same(a, b)
     assert b["loop"]["updates_due"] == 0 and b["loop"]["generation"] == 2
+    assert logged_losses(straight_dir) == logged_losses(run_dir)  # no point at 1600 from the updates' first part
 
 
 def test_compile_keeps_compiling_every_learners_steps(tmp_path, monkeypatch):

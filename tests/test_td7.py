@@ -6,7 +6,17 @@ import pytest
 import torch
 
 import td7_continuous as td7
-from tests.conftest import TINY, assert_same, flags_with, load_checkpoint, run_cli, run_main, signal_when, start_cli
+from tests.conftest import (
+    TINY,
+    assert_same,
+    flags_with,
+    load_checkpoint,
+    logged_losses,
+    run_cli,
+    run_main,
+    signal_when,
+    start_cli,
+)
 
 
 def filled_buffer(n=64, capacity=128, batch_size=5000, device="cpu"):
@@ -292,3 +302,4 @@ def test_sigterm_inside_a_burst(tmp_path):
     assert a["loop"]["num_updates"] == 999
     for key in ("loop", "state", "envs", "rng"):
         assert_same(a[key], b[key], key)
+    assert logged_losses(straight_dir) == logged_losses(run_dir)  # no point at 1998 from the burst's first part
