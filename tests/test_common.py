@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from tests.conftest import (
-    logged_losses,
     DEFAULT_ENV,
     SCRIPTS,
     TINY,
@@ -25,6 +24,7 @@ from tests.conftest import (
     assert_same,
     flags_with,
     load_checkpoint,
+    logged_losses,
     run_cli,
     run_main,
     toy_env,
