@@ -751,7 +751,8 @@ def check_env(args):
     except Exception as e:  # gymnasium raises many kinds: unknown id, missing extra, bad module path
         atari_id = "ALE/" in args.env_id or "NoFrameskip" in args.env_id
         hint = "; Atari needs the optional ale-py (pip install ale-py)" if ale_py is None and atari_id else ""
-        fail(f"cannot make --env-id {args.env_id!r}: {first_line(e)}{hint}")
+        video = f" to record video (MUJOCO_GL={os.environ['MUJOCO_GL']})" if args.capture_video else ""
+        fail(f"cannot make --env-id {args.env_id!r}{video}: {first_line(e)}{hint}")
     obs_space, act_space = env.observation_space, env.action_space
     if not isinstance(act_space, gym.spaces.Discrete):
         fail(f"{args.env_id} has a {type(act_space).__name__} action space; SAC here needs Discrete: sac_continuous.py")

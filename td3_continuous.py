@@ -465,7 +465,8 @@ def check_env(args):
     try:
         env = gym.make(args.env_id, render_mode="rgb_array" if args.capture_video else None)
     except Exception as e:  # gymnasium raises many kinds: unknown id, missing extra, bad module path
-        fail(f"cannot make --env-id {args.env_id!r}: {first_line(e)}")
+        video = f" to record video (MUJOCO_GL={os.environ['MUJOCO_GL']})" if args.capture_video else ""
+        fail(f"cannot make --env-id {args.env_id!r}{video}: {first_line(e)}")
     obs_space, act_space = env.observation_space, env.action_space
     if not isinstance(act_space, gym.spaces.Box):
         fail(f"{args.env_id} has a {type(act_space).__name__} action space; TD3 needs a Box, see sac_discrete.py")

@@ -1,6 +1,6 @@
 """The run lifecycle made to fail for real (issue 19): resume with the checkpoint's flags, one writer per run
-directory, signals wherever the run is (training, an evaluation), non-finite rewards, envs without a time limit, a
-full disk and a read-only directory. Each fault must end in one line and no traceback, and leave files that parse and
+directory, signals wherever the run is (training, an evaluation), non-finite rewards, envs without a time limit,
+--capture-video without what it needs, a full disk and a read-only directory. Each fault must end in one line and no traceback, and leave files that parse and
 a checkpoint that resumes. Bad input that is refused before anything is written: tests/test_bad_input.py."""
 
 import csv
@@ -13,10 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY, flags_with, load_checkpoint, run_cli, signal_when, start_cli, toy_env
+from tests.conftest import SCRIPTS, TINY, flags_with, load_checkpoint, run_cli, signal_when, start_cli, toy_env
 
-# The scripts whose run machinery has been rebuilt so far; the others follow.
-SCRIPTS = ["td3_continuous", "sac_continuous", "sac_discrete", "td7_continuous", "erl_td3"]
 pytestmark = pytest.mark.parametrize("script", SCRIPTS)
 
 
@@ -221,6 +219,27 @@ def test_env_without_a_time_limit(script, tmp_path):
     total = load_checkpoint(run_dir)["global_step"] + 10
     resumed = run_cli(script, ["--resume", str(run_dir / "checkpoint.pt"), "--total-timesteps", str(total)], tmp_path)
     assert resumed.returncode == 0, resumed.stderr
+
+
+def test_video_without_what_it_needs(script, tmp_path):
+    """--capture-video without its video package (moviepy hidden) or, on MuJoCo, a render backend that works
+    (MUJOCO_GL naming none): one line before anything is written. Without --capture-video nothing renders, so the
+    same MUJOCO_GL stops nothing."""
+    mujoco = script != "sac_discrete"
+    flags = flags_with(TINY, env_id="InvertedPendulum-v4" if mujoco else "CartPole-v1", total_timesteps=250)
+    hidden = tmp_path / "hidden" / "moviepy"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('No module named moviepy')")
+    cases = [({"PYTHONPATH": str(hidden.parent)}, "--capture-video cannot record")]
+    cases += [({"MUJOCO_GL": "nosuch"}, "to record video (MUJOCO_GL=nosuch): invalid value")] if mujoco else []
+    for env, expected in cases:
+        process = start_cli(script, flags + ["--capture-video"], tmp_path, **env)
+        stderr = process.communicate(timeout=300)[1]
+        assert process.returncode == 1, stderr
+        one_error_line(stderr, expected)
+        assert not (tmp_path / "runs").exists()
+    process = start_cli(script, flags, tmp_path, MUJOCO_GL="nosuch")
+    assert process.communicate(timeout=300)[1] == "" and process.returncode == 0
 
 
 def mount(tmp_path, name, options):
