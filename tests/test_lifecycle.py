@@ -1,7 +1,8 @@
 """The run lifecycle made to fail for real (issue 19): resume with the checkpoint's flags, one writer per run
 directory, signals wherever the run is (training, an evaluation), non-finite rewards, envs without a time limit,
---capture-video without what it needs, a full disk and a read-only directory. Each fault must end in one line and no traceback, and leave files that parse and
-a checkpoint that resumes. Bad input that is refused before anything is written: tests/test_bad_input.py."""
+--capture-video without what it needs, a full disk and a read-only directory. Each fault must end in one line and no
+traceback, and leave files that parse and a checkpoint that resumes. Bad input that is refused before anything is
+written: tests/test_bad_input.py."""
 
 import csv
 import json
