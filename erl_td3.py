@@ -58,6 +58,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass, fields
@@ -678,10 +679,12 @@ def fail(message):
     sys.exit(f"error: {message}")
 
 
-def stop_before_the_run(signum, frame):
-    """A signal before the run has its directory (Run's handler then takes over): nothing to save."""
-    print(f"{signal.Signals(signum).name} before the run started: nothing written", file=sys.stderr)
-    sys.exit(128 + signum)
+def stop_outside_the_run(signum, frame):
+    """A signal before the run has its directory or after it has closed it (Run's handler holds in between): nothing
+    to save. os._exit: no cleanup left (Python's at exit, wandb's) can be interrupted into a traceback."""
+    name = signal.Signals(signum).name
+    print(f"{name} outside the run (before it started or after it ended): nothing to save", file=sys.stderr, flush=True)
+    os._exit(128 + signum)
 
 
 def first_line(error):
@@ -691,10 +694,10 @@ def first_line(error):
 def parse_args():
     """The command line, in tyro's words; with --resume, the checkpoint's arguments are the defaults."""
     args = tyro.cli(Args)
-    if not args.resume:
-        return args
-    saved = load_checkpoint(args.resume)["args"]
-    return tyro.cli(Args, default=Args(**{f.name: saved[f.name] for f in fields(Args) if f.name in saved}))
+    if args.resume:
+        saved = load_checkpoint(args.resume)["args"]
+        args = tyro.cli(Args, default=Args(**{f.name: saved[f.name] for f in fields(Args) if f.name in saved}))
+    return args
 
 
 def check_args(args):
@@ -765,6 +768,10 @@ def check_env(args):
     try:
         if args.capture_video:
             import moviepy  # noqa: F401 (RecordVideo writes with it)
+
+            videos = "videos" if os.path.exists("videos") else "."  # where RecordVideo makes videos/{run_name}
+            if not (os.path.isdir(videos) and os.access(videos, os.W_OK | os.X_OK)):
+                fail(f"--capture-video cannot write its videos: {os.path.abspath(videos)} is not a writable directory")
 
             env.reset(seed=0)
             env.render()
@@ -1033,9 +1040,9 @@ def write_atomically(path, write, mode="w"):
             os.fsync(f.fileno())  # on disk before the rename: a crash cannot leave an empty file under the name
         os.replace(temp, path)
     except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError of its own words
+        full = shutil.disk_usage(directory).free < 2**20  # read before the temp file gives its space back
         with contextlib.suppress(OSError, TypeError):
             os.remove(temp)
-        full = shutil.disk_usage(directory).free < 2**20
         fail(f"cannot write {path}: {'no space left' if full else getattr(e, 'strerror', None) or first_line(e)}")
 
 
@@ -1093,6 +1100,7 @@ class Run:
         self.evaluation_due = saved["evaluation_due"]
         self.start_time = time.time() - saved["wall_time"]
         self.result = None
+        self.finished = False  # finish() said the closing line
         recorded = {**asdict(args), "device": str(device)}  # the device the run used, whatever --cuda said
         write_atomically(os.path.join(self.dir, "args.json"), lambda f: json.dump(recorded, f, indent=2))
         self.write_evaluations()  # on resume: the rows up to the checkpoint, dropping any made after it
@@ -1288,21 +1296,35 @@ class Run:
         wall_time = datetime.timedelta(seconds=int(time.time() - self.start_time))
         result = f"final eval {self.result['eval_mean']:.1f} +- {self.result['eval_std']:.1f}" if self.result else ""
         self.say(f"finished {self.args.total_timesteps} steps in {wall_time}: {result}; {self.dir}")
+        self.finished = True
 
     def close(self):
+        """Close the run's files and lock, then give the signals back. A signal after the run's last checkpoint (while
+        model.pt or these files were written) ends the finished run with one line and exit status 128 + signal."""
         if self.line_open:  # end the progress line before any last message
             print()
-        for s, handler in self.handlers.items():
-            signal.signal(s, handler)
         self.writer.close()
         if self.args.track:
             import wandb
 
             wandb.finish()
         os.close(self.lock)
+        for s, handler in self.handlers.items():
+            signal.signal(s, handler)
+        if self.signal and self.finished:
+            self.say(f"{signal.Signals(self.signal).name} after the last checkpoint: the run is finished", sys.stderr)
+            sys.exit(128 + self.signal)
 
 
 if __name__ == "__main__":
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, stop_before_the_run)
-    main(parse_args())
+        signal.signal(s, stop_outside_the_run)
+    # TensorBoard's writer thread raises a failed write there and again in the run, at its next point: said once below.
+    hook = threading.excepthook
+    threading.excepthook = lambda thread: None if issubclass(thread.exc_type, OSError) else hook(thread)
+    try:
+        main(parse_args())
+    except OSError as e:  # a file the system refuses in mid-run (its directory made read-only or removed): one line
+        if e.filename is None:
+            raise
+        fail(f"cannot write {os.fsdecode(e.filename)}: {e.strerror}; the run stopped, its last checkpoint stands")

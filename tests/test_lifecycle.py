@@ -139,7 +139,7 @@ def test_signal_before_the_run_starts(script, signum, tmp_path):
     written."""
     proc = start_cli(script, flags_with(TINY, env_id=toy_env(script, "CounterSlowToMake-v0")), tmp_path)
     stderr = signal_when(proc, (tmp_path / "making_env").exists, signum, settle=0.2, within=5)
-    one_error_line(stderr, f"{signal.Signals(signum).name} before the run started: nothing written")
+    one_error_line(stderr, f"{signal.Signals(signum).name} outside the run (before it started or after it ended)")
     assert not (tmp_path / "runs").exists()
 
 
@@ -174,6 +174,33 @@ def test_signal_during_an_evaluation(script, tmp_path):
     assert result.returncode == 0, result.stderr
     steps = [int(row[0]) for row in list(csv.reader(open(run_dir / "evaluations.csv")))[1:]]
     assert steps == ([3000] if script == "erl_td3" else [100, 200])
+
+
+# A slow disk for model.pt: its temp file is made 2 s late, after a marker file says the write has begun.
+SLOW_MODEL_WRITE = """
+import tempfile, time
+make = tempfile.mkstemp
+def slow(*args, prefix="", **kwargs):
+    if prefix.startswith(".model.pt."):
+        open("writing_model", "w").close()
+        time.sleep(2)
+    return make(*args, prefix=prefix, **kwargs)
+tempfile.mkstemp = slow
+"""
+
+
+def test_signal_after_the_last_checkpoint(script, tmp_path):
+    """SIGTERM while --save-model writes model.pt, after the run's last checkpoint: the run writes its files to the
+    end and then stops, with one line and 143 (not 0, as if no signal had come)."""
+    (tmp_path / "slow").mkdir()
+    (tmp_path / "slow" / "sitecustomize.py").write_text(SLOW_MODEL_WRITE)
+    proc = start_cli(script, TINY + ["--save-model"], tmp_path, PYTHONPATH=str(tmp_path / "slow"))
+    stderr = signal_when(proc, (tmp_path / "writing_model").exists, settle=0.5, within=5)
+    one_error_line(stderr, "SIGTERM after the last checkpoint: the run is finished")
+    run_dir = the_run_dir(tmp_path)
+    assert_whole(run_dir)
+    assert load_checkpoint(run_dir)["global_step"] >= 400
+    assert "model.pt" in os.listdir(run_dir)
 
 
 def interrupt(proc, cwd):
@@ -223,9 +250,9 @@ def test_env_without_a_time_limit(script, tmp_path):
 
 
 def test_video_without_what_it_needs(script, tmp_path):
-    """--capture-video without its video package (moviepy hidden) or, on MuJoCo, a render backend that works
-    (MUJOCO_GL naming none): one line before anything is written. Without --capture-video nothing renders, so the
-    same MUJOCO_GL stops nothing."""
+    """--capture-video without its video package (moviepy hidden), on MuJoCo a render backend that works (MUJOCO_GL
+    naming none), or a videos/ it can write (a file of that name): one line before anything is written. Without
+    --capture-video nothing renders, so the same MUJOCO_GL stops nothing."""
     mujoco = script != "sac_discrete"
     flags = flags_with(TINY, env_id="InvertedPendulum-v4" if mujoco else "CartPole-v1", total_timesteps=250)
     hidden = tmp_path / "hidden" / "moviepy"
@@ -233,7 +260,10 @@ def test_video_without_what_it_needs(script, tmp_path):
     (hidden / "__init__.py").write_text("raise ImportError('No module named moviepy')")
     cases = [({"PYTHONPATH": str(hidden.parent)}, "--capture-video cannot record")]
     cases += [({"MUJOCO_GL": "nosuch"}, "to record video (MUJOCO_GL=nosuch): invalid value")] if mujoco else []
+    cases += [({"VIDEOS_A_FILE": "1"}, f"cannot write its videos: {tmp_path / 'videos'} is not a writable directory")]
     for env, expected in cases:
+        if "VIDEOS_A_FILE" in env:
+            (tmp_path / "videos").write_text("a file where videos/ should go")
         process = start_cli(script, flags + ["--capture-video"], tmp_path, **env)
         stderr = process.communicate(timeout=300)[1]
         assert process.returncode == 1, stderr
@@ -275,6 +305,32 @@ def test_read_only_directory(script, tmp_path):
         one_error_line(result.stderr, "cannot create the run directory")
     finally:
         subprocess.run(["umount", str(runs)], check=True)
+
+
+def test_run_directory_made_read_only_in_mid_run(script, tmp_path):
+    """The run's directory made read-only after its first checkpoint (TensorBoard's next write fails first): one line
+    naming the file, no traceback (neither the run's nor TensorBoard's writer thread's); the checkpoint resumes once
+    the directory is writable again."""
+    if os.geteuid() != 0 and not os.environ.get("CI"):
+        pytest.skip("a read-only bind mount needs root (CI runs as root)")
+    proc = start_cli(script, flags_with(TINY, total_timesteps=5000, eval_freq=0), tmp_path)
+    while not list((tmp_path / "runs").glob("*/checkpoint.pt")) and proc.poll() is None:
+        time.sleep(0.05)
+    run_dir = the_run_dir(tmp_path)
+    subprocess.run(["mount", "--bind", str(run_dir), str(run_dir)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(run_dir)], check=True)
+        stderr = proc.communicate(timeout=300)[1]
+    finally:
+        subprocess.run(["umount", str(run_dir)], check=True)
+    assert proc.returncode == 1
+    one_error_line(stderr, f"error: cannot write {run_dir}/")
+    assert "Read-only file system" in stderr
+    step = load_checkpoint(run_dir)["global_step"]
+    resumed = run_cli(
+        script, ["--resume", str(run_dir / "checkpoint.pt"), "--total-timesteps", str(step + 100)], tmp_path
+    )
+    assert resumed.returncode == 0, resumed.stderr
 
 
 def test_resume_of_an_env_whose_state_cannot_be_read(script, tmp_path):

@@ -161,7 +161,7 @@ def test_offline_mode_trains_on_a_saved_buffer(tmp_path):
     flags = [
         "--offline",
         "--dataset",
-        str(run_dir / "buffer.npz"),
+        f"../runs/{run_dir.name}/buffer.npz",  # relative to where it runs; a resume from elsewhere reads the same file
         "--total-timesteps",
         "300",
         "--batch-size",
@@ -182,6 +182,11 @@ def test_offline_mode_trains_on_a_saved_buffer(tmp_path):
     checkpoint = load_checkpoint(offline_run)
     assert checkpoint["loop"]["num_updates"] == 300
     assert len(checkpoint["state"]["rb"]["data"]) == 400
+    assert checkpoint["args"]["dataset"] == str(run_dir / "buffer.npz")
+    resumed = run_cli(
+        "td7_continuous", ["--resume", str(offline_run / "checkpoint.pt"), "--total-timesteps", "350"], tmp_path
+    )
+    assert resumed.returncode == 0, resumed.stderr
     bad = run_cli("td7_continuous", ["--offline", "--dataset", str(offline_run / "args.json")], offline_dir)
     assert bad.returncode == 1
     assert bad.stderr.strip().startswith("error: cannot read --dataset")
@@ -237,6 +242,14 @@ BAD_DATASETS = {
     "0-d rewards": ({"rewards": np.float64(1.0)}, "rewards has shape (), the env needs (40,)"),
     "0-d observations": ({"observations": np.float64(1.0)}, "observations has shape (), the env needs (N, 1)"),
     "actions of another env": ({"actions": np.zeros((40, 3))}, "actions has shape (40, 3), the env needs (40, 2)"),
+    "complex rewards": (
+        {"rewards": np.zeros(40) + 1j},
+        "rewards holds values of type complex128; TD7 needs real numbers",
+    ),
+    "text terminals": (
+        {"terminals": np.array(["0"] * 40)},
+        "terminals holds values of type <U1; TD7 needs real numbers",
+    ),
 }
 
 
