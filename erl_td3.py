@@ -683,7 +683,8 @@ def stop_outside_the_run(signum, frame):
     """A signal before the run has its directory or after it has closed it (Run's handler holds in between): nothing
     to save. os._exit: no cleanup left (Python's at exit, wandb's) can be interrupted into a traceback."""
     name = signal.Signals(signum).name
-    print(f"{name} outside the run (before it started or after it ended): nothing to save", file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError):  # stderr gone with its terminal (SIGHUP): the exit still comes
+        print(f"{name} outside the run (before it started or after it ended): nothing to save", file=sys.stderr)
     os._exit(128 + signum)
 
 
@@ -756,7 +757,9 @@ def check_env(args):
     try:
         env = gym.make(args.env_id, render_mode="rgb_array" if args.capture_video else None)
     except Exception as e:  # gymnasium raises many kinds: unknown id, missing extra, bad module path
+        # An env gymnasium knows that fails only with rendering: its render backend (MuJoCo's OpenGL) failed.
         video = f" to record video (MUJOCO_GL={os.environ['MUJOCO_GL']})" if args.capture_video else ""
+        video = video if args.env_id in gym.registry else ""
         fail(f"cannot make --env-id {args.env_id!r}{video}: {first_line(e)}")
     obs_space, act_space = env.observation_space, env.action_space
     if not isinstance(act_space, gym.spaces.Box):
@@ -1165,7 +1168,8 @@ class Run:
 
     def say(self, line, file=None, end="\n"):
         """Print a line of its own; on a terminal, in place of the progress line."""
-        print(("\r\033[K" if self.line_open else "") + line, file=file, end=end, flush=True)
+        with contextlib.suppress(OSError):  # a terminal gone (SIGHUP) cannot stop the run from saving and ending
+            print(("\r\033[K" if self.line_open else "") + line, file=file, end=end, flush=True)
         self.line_open = False
 
     def log_episode(self, global_step, episode_return, episode_length):
@@ -1229,6 +1233,8 @@ class Run:
         video_folder = os.path.join("videos", self.name) if self.args.capture_video else None
         self.evaluating = self.evaluation_due = True
         try:
+            if self.signal:  # one that came just before: the evaluation waits for the resumed run
+                raise Stop
             returns = evaluate(policy, self.args.env_id, self.args.eval_episodes, self.args.seed + 100_000,
                                self.device, video_folder, video_prefix=f"step-{global_step}")
             learner_returns = evaluate(learner_policy, self.args.env_id, self.args.eval_episodes,
@@ -1256,7 +1262,8 @@ class Run:
 
     def save_checkpoint(self, state, envs, **loop):
         """Write everything needed to continue: `state`, the envs, every RNG, the run's evaluations and the loop's
-        values by name (global_step first). After a signal, the run ends here with exit status 128 + signal."""
+        values by name (global_step first). After a signal, an unfinished run ends here with exit status 128 +
+        signal (a finished one writes its last files first, and ends in close)."""
         self.check_metrics()
         path = os.path.join(self.dir, "checkpoint.pt")
         metrics = [(update, step, values.cpu()) for update, step, values in self.metrics]  # not yet logged
@@ -1274,7 +1281,8 @@ class Run:
             "rng": rng,
         }
         write_atomically(path, partial(torch.save, checkpoint), mode="wb")
-        self.exit_on_signal(loop["global_step"])
+        if loop["global_step"] < self.args.total_timesteps or self.evaluation_due or loop.get("updates_due"):
+            self.exit_on_signal(loop["global_step"])  # (a finished run writes its last files first: see close)
 
     def exit_on_signal(self, global_step):
         """After a signal, end the run with one line and exit status 128 + signal."""
@@ -1299,20 +1307,25 @@ class Run:
         self.finished = True
 
     def close(self):
-        """Close the run's files and lock, then give the signals back. A signal after the run's last checkpoint (while
-        model.pt or these files were written) ends the finished run with one line and exit status 128 + signal."""
-        if self.line_open:  # end the progress line before any last message
-            print()
-        self.writer.close()
-        if self.args.track:
-            import wandb
+        """Close the run's files and lock, then give the signals back. A signal that came once the run was done (its
+        last checkpoint, model.pt, these files) ends it here with one line and exit status 128 + signal."""
+        try:
+            if self.line_open:  # end the progress line before any last message
+                print()
+            # Unless the run finished, an exit is on its way (a signal's, an error's): the writer's error is not news.
+            with contextlib.suppress(*() if self.finished else (OSError,)):
+                self.writer.close()
+                if self.args.track:
+                    import wandb
 
-            wandb.finish()
-        os.close(self.lock)
-        for s, handler in self.handlers.items():
-            signal.signal(s, handler)
+                    wandb.finish()
+        finally:
+            os.close(self.lock)
+            for s, handler in self.handlers.items():
+                signal.signal(s, handler)
         if self.signal and self.finished:
-            self.say(f"{signal.Signals(self.signal).name} after the last checkpoint: the run is finished", sys.stderr)
+            self.say(f"{signal.Signals(self.signal).name} at the end of the run: it finished, every file written",
+                     sys.stderr)
             sys.exit(128 + self.signal)
 
 
@@ -1321,10 +1334,10 @@ if __name__ == "__main__":
         signal.signal(s, stop_outside_the_run)
     # TensorBoard's writer thread raises a failed write there and again in the run, at its next point: said once below.
     hook = threading.excepthook
-    threading.excepthook = lambda thread: None if issubclass(thread.exc_type, OSError) else hook(thread)
+    threading.excepthook = lambda t: None if type(t.thread).__name__ == "_AsyncWriterThread" else hook(t)
     try:
         main(parse_args())
     except OSError as e:  # a file the system refuses in mid-run (its directory made read-only or removed): one line
         if e.filename is None:
             raise
-        fail(f"cannot write {os.fsdecode(e.filename)}: {e.strerror}; the run stopped, its last checkpoint stands")
+        fail(f"{os.fsdecode(e.filename)}: {e.strerror}; the run stopped (a checkpoint it wrote before resumes)")
