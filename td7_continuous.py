@@ -736,7 +736,7 @@ def check_env(args):
     try:
         env = gym.make(args.env_id, render_mode="rgb_array" if args.capture_video else None)
     except Exception as e:  # gymnasium raises many kinds: unknown id, missing extra, bad module path
-        # An env gymnasium knows that fails only with rendering: its render backend (MuJoCo's OpenGL) failed.
+        # A registered env that cannot be made to render most likely met a failing render backend (MuJoCo's OpenGL).
         video = f" to record video (MUJOCO_GL={os.environ['MUJOCO_GL']})" if args.capture_video else ""
         video = video if args.env_id in gym.registry else ""
         fail(f"cannot make --env-id {args.env_id!r}{video}: {first_line(e)}")
@@ -1204,7 +1204,7 @@ class Run:
         video_folder = os.path.join("videos", self.name) if self.args.capture_video else None
         self.evaluating = self.evaluation_due = True
         try:
-            if self.signal:  # one that came just before: the evaluation waits for the resumed run
+            if self.signal:  # a signal that came just before: the evaluation waits for the resumed run
                 raise Stop
             returns = evaluate(policy, self.args.env_id, self.args.eval_episodes, self.args.seed + 100_000,
                                self.device, video_folder, video_prefix=f"step-{global_step}")
