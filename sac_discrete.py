@@ -1203,9 +1203,10 @@ class Run:
             return
         for name, value in zip(self.metric_names, values.mean(0).tolist()):
             self.writer.add_scalar(f"losses/{name}", value, global_step)
-        start_step, start_time = self.sps_start
-        sps = (global_step - start_step) / max(time.time() - start_time, 1e-9)
-        self.writer.add_scalar("charts/SPS", int(sps), global_step)
+        if self.sps_start:  # (none before this process's first update: a resumed run's carried metrics)
+            start_step, start_time = self.sps_start
+            sps = (global_step - start_step) / max(time.time() - start_time, 1e-9)
+            self.writer.add_scalar("charts/SPS", int(sps), global_step)
         self.metrics = []
 
     def check_finite(self, global_step, **arrays):

@@ -13,8 +13,19 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
-from tests.conftest import SCRIPTS, TINY, flags_with, load_checkpoint, run_cli, signal_when, start_cli, toy_env
+from tests.conftest import (
+    SCRIPTS,
+    TINY,
+    flags_with,
+    load_checkpoint,
+    logged_losses,
+    run_cli,
+    signal_when,
+    start_cli,
+    toy_env,
+)
 
 pytestmark = pytest.mark.parametrize("script", SCRIPTS)
 
@@ -371,6 +382,24 @@ def test_full_disk_named_while_the_temp_file_holds_the_space(script, tmp_path, m
     with pytest.raises(SystemExit, match="checkpoint.pt: no space left"):
         module.write_atomically(str(tmp_path / "checkpoint.pt"), write, mode="wb")
     assert not list(tmp_path.iterdir())
+
+
+def test_resume_into_a_due_evaluation_with_unlogged_metrics(script, tmp_path):
+    """A signal in an evaluation after updates leaves their metrics unlogged and the evaluation due (made here by
+    editing a finished run's checkpoint into that state): the resumed run logs them first, before any update of its
+    own. (It failed on the speed to report with them, which a run has only after its first update.)"""
+    assert run_cli(script, TINY, tmp_path).returncode == 0
+    run_dir = the_run_dir(tmp_path)
+    checkpoint = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+    step = checkpoint["loop"]["global_step"]
+    checkpoint["run"]["metrics"] = [(1, step, torch.ones(len(checkpoint["run"]["metric_names"])))]
+    checkpoint["run"]["evaluation_due"] = True
+    torch.save(checkpoint, run_dir / "checkpoint.pt")
+    resume = ["--resume", str(run_dir / "checkpoint.pt"), "--total-timesteps", str(step + 50)]
+    resumed = run_cli(script, resume, tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    losses = logged_losses(run_dir)
+    assert losses and all((step, 1.0) in points for points in losses.values())  # the carried metrics' means
 
 
 def test_resume_of_an_env_whose_state_cannot_be_read(script, tmp_path):
