@@ -187,16 +187,14 @@ def test_signal_during_an_evaluation(script, tmp_path):
     assert steps == ([3000] if script == "erl_td3" else [100, 200])
 
 
-# A slow disk: the temp file of SLOW_FILE's SLOW_CALL-th write is made 2 s late, after a marker file says it began.
+# A slow disk: the temp file of each write of SLOW_FILE is made 2 s late, after a marker file says it began.
 SLOW_WRITE = """
 import os, tempfile, time
-make, calls = tempfile.mkstemp, []
+make = tempfile.mkstemp
 def slow(*args, prefix="", **kwargs):
     if prefix.startswith("." + os.environ["SLOW_FILE"] + "."):
-        calls.append(prefix)
-        if len(calls) == int(os.environ["SLOW_CALL"]):
-            open("writing_slowly", "w").close()
-            time.sleep(2)
+        open("writing_slowly", "w").close()
+        time.sleep(2)
     return make(*args, prefix=prefix, **kwargs)
 tempfile.mkstemp = slow
 """
@@ -214,7 +212,7 @@ def test_signal_at_the_end_of_the_run(script, slow_file, tmp_path):
     exit at the checkpoint never wrote) and then stops with one line and 143 (not 0, as if no signal had come)."""
     (tmp_path / "slow").mkdir()
     (tmp_path / "slow" / "sitecustomize.py").write_text(SLOW_WRITE)
-    env = {"PYTHONPATH": with_path(tmp_path / "slow"), "SLOW_FILE": slow_file, "SLOW_CALL": "1"}
+    env = {"PYTHONPATH": with_path(tmp_path / "slow"), "SLOW_FILE": slow_file}
     proc = start_cli(script, flags_with(TINY, checkpoint_freq=400) + ["--save-model"], tmp_path, **env)
     stderr = signal_when(proc, (tmp_path / "writing_slowly").exists, settle=0.5, within=5)
     one_error_line(stderr, "SIGTERM at the end of the run: it finished, every file written")
