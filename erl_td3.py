@@ -49,7 +49,6 @@ import csv
 import datetime
 import fcntl
 import importlib.util
-import itertools
 import json
 import os
 import random
@@ -57,11 +56,10 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
-import threading
 import time
+import types
 import warnings
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Literal, Optional
 
@@ -71,6 +69,7 @@ import torch
 import torch.nn as nn
 import tyro
 from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
 
 # The -v4 MuJoCo envs are kept on purpose: the published results this project compares with use them.
 warnings.filterwarnings("ignore", message=".*is out of date. You should consider upgrading.*")
@@ -545,11 +544,8 @@ def main(args):
     learner_envs = [make_env(args.env_id)() for _ in range(args.num_rl_agents)]
     obs_dim, act_dim = learner_envs[0].observation_space.shape[0], learner_envs[0].action_space.shape[0]
     num_critics = 1 if args.shared_critic else args.num_rl_agents
-    # What the run will hold (the population, the learners, their targets and replay), measured on the meta device
-    # before it is allocated, the population's envs included; each individual counts as a network with gradients.
-    check_memory(device, args, lambda: [Actor(obs_dim, act_dim)] * (args.pop_size + 2 * args.num_rl_agents)
-                 + [Critic(obs_dim, act_dim)] * (2 * num_critics),
-                 ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.batch_size, args.num_rl_agents, "meta"))
+    # The replay's rows, and a batch for each learner.
+    check_memory(device, (args.buffer_size + args.batch_size * args.num_rl_agents) * (2 * obs_dim + act_dim + 2) * 4)
     # One env per individual and one per learner, each seeded once; after that their episodes follow their RNGs.
     envs = [make_env(args.env_id)() for _ in range(args.pop_size)]
     for i, env in enumerate(envs + learner_envs):
@@ -587,16 +583,17 @@ def main(args):
              "fates": {"elite": 0, "selected": 0, "discarded": 0}, "champion": 0, "updates_due": 0,
              "generation_steps": 0, "learner_returns": np.zeros(args.num_rl_agents),
              "actor_losses": [torch.zeros(len(learners)) for learners in critic_learners]}  # the last: delayed updates
-    if checkpoint:
-        start = restore(checkpoint, state, envs + learner_envs, start)
-    (global_step, num_updates, generation, fitness, injected, fates, champion, updates_due, generation_steps,
-     learner_returns, actor_losses) = start.values()
+    loop = restore(checkpoint, state, envs + learner_envs, start) if checkpoint else start
+    global_step, num_updates, generation, fitness, injected, fates, champion, updates_due, generation_steps = (
+        loop[name] for name in ("global_step", "num_updates", "generation", "fitness", "injected", "fates",
+                                "champion", "updates_due", "generation_steps"))
+    learner_returns, actor_losses = loop["learner_returns"], loop["actor_losses"]
     actor_losses = [losses.to(device) for losses in actor_losses]
     run = Run(args, checkpoint, device)
     try:
         if run.evaluation_due:  # the checkpoint's evaluation, which a signal interrupted
-            run.evaluate(global_step, individual(weights, biases, champion), actors[0])
-            run.exit_on_signal(global_step)  # the checkpoint resumed from still holds it all
+            run.evaluate_and_log(global_step, individual(weights, biases, champion), actors[0])
+            run.exit_on_signal(global_step, updates_due)  # the checkpoint resumed from still holds it all
         while global_step < args.total_timesteps or updates_due:
             if not updates_due:  # (else the updates of a generation that a signal interrupted come first)
                 inject(weights, biases, injected, actors)  # 5. of the last generation: the learners' copies
@@ -618,7 +615,7 @@ def main(args):
                     qf_losses, qf_values = critic_steps[q]()
                     if num_updates % args.policy_frequency == 0:
                         actor_losses[q] = actor_steps[q]()
-                    run.record(global_step, f"{num_updates + 1} of critic {q} in generation {generation}",
+                    run.record(global_step, num_updates + 1,
                                qf_loss=qf_losses.mean(), qf1_loss=qf_losses[0], qf2_loss=qf_losses[1],
                                actor_loss=actor_losses[q].mean(), qf1_values=qf_values[0], qf2_values=qf_values[1])
                 num_updates += 1
@@ -635,16 +632,17 @@ def main(args):
                     fates["elite" if slot in elites else "selected" if slot in selected else "discarded"] += 1
                 champion, generation, injected = int(copies[0]), generation + 1, slots
                 run.log_generation(global_step, generation, fitness, fates, learner_returns)
-                run.progress(global_step, num_updates)
+                run.progress.update(global_step, num_updates)
                 if crossed(global_step, args.eval_freq, generation_steps) or global_step >= args.total_timesteps:
-                    run.evaluate(global_step, individual(weights, biases, champion), actors[0])
+                    run.evaluate_and_log(global_step, individual(weights, biases, champion), actors[0])
             done = global_step >= args.total_timesteps and not updates_due
-            due = crossed(global_step, args.checkpoint_freq, generation_steps) or done and args.checkpoint_freq
-            if due or run.signal:
+            if run.signal or (done and args.checkpoint_freq) or crossed(global_step, args.checkpoint_freq,
+                                                                         generation_steps):
                 run.save_checkpoint(state, envs + learner_envs, global_step=global_step, num_updates=num_updates,
                                     generation=generation, fitness=fitness, injected=injected, fates=fates,
                                     champion=champion, updates_due=updates_due, generation_steps=generation_steps,
                                     learner_returns=learner_returns, actor_losses=actor_losses)
+                run.exit_on_signal(global_step, updates_due)
         if args.save_model:
             run.save_model({"weights": [w.cpu() for w in weights], "biases": [b.cpu() for b in biases],
                             "fitness": fitness}, **{f"actor_{k}": a for k, a in enumerate(actors)},
@@ -668,28 +666,23 @@ WATCH_FLAGS = {"total_timesteps", "resume", "track", "wandb_project_name", "wand
 WATCH_FLAGS |= {"save_model", "eval_freq", "eval_episodes", "checkpoint_freq", "log_freq", "torch_threads", "cuda"}
 EPISODE_VALUES = []  # ERL: no episode runs across a checkpoint (each generation resets the envs)
 EVAL_STEP_LIMIT = 10_000  # the longest evaluation episode of an env without a time limit (MuJoCo's is 1,000)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-class Stop(Exception):
-    """A signal during an evaluation, which changes no training state: the evaluation ends at once."""
+def fail(message, error=None):
+    """Stop with one line on stderr (above a progress bar), `error`'s first line after the message, and exit 1."""
+    words = (str(error).splitlines() or [type(error).__name__])[0] if error is not None else ""
+    tqdm.write(f"error: {message}" + f": {words}" * bool(words), file=sys.stderr)
+    sys.exit(1)
 
 
-def fail(message):
-    """Stop with one line on stderr and exit status 1: the form of every user error."""
-    sys.exit(f"error: {message}")
-
-
-def stop_outside_the_run(signum, frame):
-    """A signal before the run has its directory or after it has closed it (Run's handler holds in between): nothing
-    to save. os._exit: no cleanup left (Python's at exit, wandb's) can be interrupted into a traceback."""
-    name = signal.Signals(signum).name
+def exit_outside_the_run(signum, frame):
+    """A signal before the run has its directory or after its files are written: nothing to save. os._exit: no
+    cleanup left (Python's at exit, wandb's) can be interrupted into a traceback."""
     with contextlib.suppress(OSError):  # stderr gone with its terminal (SIGHUP): the exit still comes
-        print(f"{name} outside the run (before it started or after it ended): nothing to save", file=sys.stderr)
+        print(f"{signal.Signals(signum).name} outside the run (before it started or after it ended): nothing to save",
+              file=sys.stderr)
     os._exit(128 + signum)
-
-
-def first_line(error):
-    return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
 def parse_args():
@@ -697,21 +690,21 @@ def parse_args():
     args = tyro.cli(Args)
     if args.resume:
         saved = load_checkpoint(args.resume)["args"]
-        args = tyro.cli(Args, default=Args(**{f.name: saved[f.name] for f in fields(Args) if f.name in saved}))
+        args = tyro.cli(Args, default=Args(**{k: saved[k] for k in Args.__dataclass_fields__ if k in saved}))
     return args
 
 
 def check_args(args):
-    """Every flag in its range and every optional dependency in place, before anything is written."""
-    positive = ["total_timesteps", "num_envs", "buffer_size", "batch_size", "eval_episodes", "log_freq"]
-    positive += ["policy_frequency", "learning_rate", "tau"]
-    non_negative = ["learning_starts", "eval_freq", "checkpoint_freq", "torch_threads", "policy_noise"]
-    non_negative += ["noise_clip", "exploration_noise"]
-    unit_interval = ["gamma", "tau"]
+    """Every numeric flag finite and in its range, and the flags together, before anything is written."""
+    positive = ["total_timesteps", "num_envs", "buffer_size", "batch_size", "eval_episodes", "log_freq", "tau"]
+    positive += ["policy_frequency", "learning_rate"]
+    non_negative = ["learning_starts", "eval_freq", "checkpoint_freq", "torch_threads", "policy_noise", "noise_clip"]
+    non_negative += ["exploration_noise"]
     positive += ["num_rl_agents", "pop_size", "num_elites", "tournament_size", "episodes_for_fitness"]  # ERL's too
     positive += ["rl_injection_interval", "weight_max_magnitude"]
     non_negative += ["utd_ratio", "mutation_strength", "super_mutation_strength"]
-    unit_interval += ["crossover_prob", "mutation_prob", "mutation_frac", "super_mutation_prob", "reset_prob"]
+    unit_interval = ["gamma", "tau", "crossover_prob", "mutation_prob", "mutation_frac", "super_mutation_prob"]
+    unit_interval += ["reset_prob"]  # ERL's
     for name, value in asdict(args).items():
         flag = "--" + name.replace("_", "-")
         if isinstance(value, float) and not np.isfinite(value):
@@ -720,13 +713,11 @@ def check_args(args):
             fail(f"{flag} must be {'positive' if name in positive else 'non-negative'}, got {value}")
         if name in unit_interval and not 0 <= value <= 1:
             fail(f"{flag} must lie in [0, 1], got {value}")
-    wandb_key = os.environ.get("WANDB_API_KEY") or os.path.exists(os.path.expanduser("~/.netrc"))
     problems = {
         f"--seed must lie in [0, 2**31), got {args.seed}": not 0 <= args.seed < 2**31,
         "--eval-episodes must be at most 1000": args.eval_episodes > 1000,
-        f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}": (
-            args.batch_size > args.buffer_size
-        ),
+        f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}": args.batch_size
+        > args.buffer_size,
         f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}: no update "
         "would happen": args.learning_starts >= args.total_timesteps,
         f"--learning-starts {args.learning_starts} (transitions stored) is not below --buffer-size {args.buffer_size}:"
@@ -734,33 +725,29 @@ def check_args(args):
         f"--num-elites {args.num_elites} plus --num-rl-agents {args.num_rl_agents} exceed --pop-size {args.pop_size}: "
         "no room for the elites beside the learners' copies": args.num_elites + args.num_rl_agents > args.pop_size,
         f"--exp-name {args.exp_name!r} must be a plain file name of 1-100 characters": not (
-            0 < len(args.exp_name) <= 100 and "/" not in args.exp_name and not args.exp_name.startswith(".")
-        ),
+            0 < len(args.exp_name) <= 100 and "/" not in args.exp_name and not args.exp_name.startswith(".")),
         "--resume needs the path of a checkpoint.pt": args.resume == "",
         "--cudagraphs needs a GPU: --no-cuda is set": args.cudagraphs and not args.cuda,
         "--cudagraphs needs a GPU: none is available": args.cudagraphs and not torch.cuda.is_available(),
         "--track needs wandb: pip install wandb": args.track and not importlib.util.find_spec("wandb"),
-        "--track needs a wandb key (wandb login, or WANDB_API_KEY) or WANDB_MODE=offline": (
-            args.track and not (wandb_key or os.environ.get("WANDB_MODE") in ("offline", "disabled"))
-        ),
     }
-    for message, problem in problems.items():
-        if problem:
-            fail(message)
+    for message in (message for message, problem in problems.items() if problem):
+        fail(message)
 
 
 def check_env(args):
-    """Fail with one line unless --env-id names an env this script can learn (its spaces as the checks below say)
-    and, with --capture-video, one that renders and can be recorded."""
+    """One line unless --env-id names one version of an env this script can learn (and record, with video)."""
     # Nothing renders without --capture-video: no render backend (MUJOCO_GL) may stop the run.
     os.environ["MUJOCO_GL"] = os.environ.get("MUJOCO_GL", "egl") if args.capture_video else "disable"
+    versions = sorted(i for i in gym.registry if i.rsplit("-v", 1)[0] == args.env_id)
+    if versions:  # gymnasium would run the latest silently, in a directory whose name does not say which
+        fail(f"--env-id {args.env_id} names no version; gymnasium has {', '.join(versions)}")
     try:
         env = gym.make(args.env_id, render_mode="rgb_array" if args.capture_video else None)
     except Exception as e:  # gymnasium raises many kinds: unknown id, missing extra, bad module path
         # A registered env that cannot be made to render most likely met a failing render backend (MuJoCo's OpenGL).
-        video = f" to record video (MUJOCO_GL={os.environ['MUJOCO_GL']})" if args.capture_video else ""
-        video = video if args.env_id in gym.registry else ""
-        fail(f"cannot make --env-id {args.env_id!r}{video}: {first_line(e)}")
+        video = " to record video (MUJOCO_GL=%s)" % os.environ["MUJOCO_GL"] if args.env_id in gym.registry else ""
+        fail(f"cannot make --env-id {args.env_id!r}{video * args.capture_video}", e)
     obs_space, act_space = env.observation_space, env.action_space
     if not isinstance(act_space, gym.spaces.Box):
         fail(f"{args.env_id} has a {type(act_space).__name__} action space; TD3 needs a Box, see sac_discrete.py")
@@ -769,56 +756,51 @@ def check_env(args):
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
         fail(f"{args.env_id} has {obs_space} observations; this script needs a flat vector (Box of one dimension)")
     try:
-        if args.capture_video:
-            import moviepy  # noqa: F401 (RecordVideo writes with it)
-
-            videos = "videos" if os.path.exists("videos") else "."  # where RecordVideo makes videos/{run_name}
-            if not (os.path.isdir(videos) and os.access(videos, os.W_OK | os.X_OK)):
-                fail(f"--capture-video cannot write its videos: {os.path.abspath(videos)} is not a writable directory")
-
-            env.reset(seed=0)
-            env.render()
+        if args.capture_video:  # once here, as RecordVideo will: a frame, and moviepy to write it
+            env.reset(seed=0), env.render(), importlib.import_module("moviepy")
     except Exception as e:
-        fail(f"--capture-video cannot record {args.env_id}: {first_line(e)}")
+        fail(f"--capture-video cannot record {args.env_id}", e)
     env.close()
 
 
 def load_checkpoint(path):
+    """A checkpoint.pt of this script, or one line saying why not."""
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     except Exception as e:
-        fail(f"cannot read --resume file {path}: {first_line(e)}")
+        fail(f"cannot read --resume file {path}", e)
     if not isinstance(checkpoint, dict) or not {"args", "loop", "state", "run"} <= checkpoint.keys():
         fail(f"--resume file {path} is not a checkpoint.pt of this script (model.pt holds only the networks)")
+    if checkpoint.get("script") != os.path.basename(__file__):
+        made = checkpoint.get("script", "an older version of this script")
+        fail(f"--resume file {path} was made by {made}, not {os.path.basename(__file__)}")
     return checkpoint
 
 
 def read_checkpoint(args):
     """The --resume checkpoint (None without one), refused unless it was made with the same algorithm flags."""
-    if not args.resume:
-        return None
-    checkpoint = load_checkpoint(args.resume)
-    for name, value in asdict(args).items():
+    checkpoint = load_checkpoint(args.resume) if args.resume else None
+    for name, value in asdict(args).items() if checkpoint else ():
         if name not in WATCH_FLAGS and checkpoint["args"].get(name) != value:
             flag = "--" + name.replace("_", "-")
             made = f"with {flag} {checkpoint['args'][name]}" if name in checkpoint["args"] else f"before {flag} existed"
             fail(f"--resume file {args.resume} was made {made}, not {value}")
-    step = checkpoint["loop"]["global_step"]
-    unfinished = checkpoint["run"]["evaluation_due"] or checkpoint["loop"].get("updates_due")  # TD7, ERL: updates
-    if args.total_timesteps <= step and not unfinished:
+    step = checkpoint and checkpoint["loop"]["global_step"]
+    unfinished = checkpoint and (checkpoint["run"]["evaluation_due"] or checkpoint["loop"]["updates_due"])  # ERL's
+    if checkpoint and args.total_timesteps <= step and not unfinished:  # generation's updates can end a run
         fail(f"--total-timesteps {args.total_timesteps} is not beyond the checkpoint's global_step {step}")
     return checkpoint
 
 
 def restore(checkpoint, state, envs, start):
-    """Load a checkpoint into `state`, the envs and the RNGs; returns the loop's values named in `start` as the
-    checkpoint holds them. A checkpoint that does not fit (an env whose spaces changed under its id) is refused."""
+    """Load a checkpoint into `state`, the envs and the RNGs, and return the loop's values named in `start`; one that
+    does not fit (an env whose spaces changed under its id) is refused."""
     try:
         for name, value in state.items():
             if isinstance(value, np.random.Generator):
                 value.bit_generator.state = checkpoint["state"][name]
-            elif isinstance(value, torch.Tensor):  # a learnt or kept tensor (SAC's log_alpha)
-                value.data.copy_(checkpoint["state"][name])
+            elif isinstance(value, torch.Tensor):  # ERL's: the population's weights and biases
+                value.copy_(checkpoint["state"][name])
             else:
                 value.load_state_dict(checkpoint["state"][name])
         loop = {name: checkpoint["loop"][name] for name in start}
@@ -835,16 +817,13 @@ def restore(checkpoint, state, envs, start):
             torch.cuda.set_rng_state(checkpoint["rng"]["cuda"])
         return loop
     except (KeyError, RuntimeError, ValueError, TypeError) as e:
-        lacks = f"it has no {e}, as made by another version of this script" if isinstance(e, KeyError) else ""
-        fail(f"the --resume checkpoint does not fit this run: {lacks or first_line(e)}")
+        fail("the --resume checkpoint does not fit this run", e)
 
 
 def choose_device(args):
-    """The training device (a warning line when --cuda finds no GPU), and a fixed --torch-threads."""
-    if args.torch_threads:
-        torch.set_num_threads(args.torch_threads)
-    if "--cuda" in sys.argv[1:] and not torch.cuda.is_available():  # asked for on the command line, not the default
-        print("warning: --cuda is set but no GPU is available; running on the CPU", file=sys.stderr)
+    """The training device; a warning line when --cuda finds no GPU."""
+    if args.cuda and not torch.cuda.is_available():
+        print("warning: no GPU is available; running on the CPU", file=sys.stderr)
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
     if device.type == "cuda" and args.torch_deterministic:  # the CPU's ops are deterministic already
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition, before its first use
@@ -852,90 +831,52 @@ def choose_device(args):
     return device
 
 
-class Threads:
-    """--torch-threads 0: torch's CPU threads, chosen every 2 s as the CPUs this process may use (its affinity, as
-    taskset or Slurm set it, and a cgroup's quota) less what other processes used of them in those 2 s: all of them
-    on an idle machine, one beside busy processes or other runs. A run starts with one; fewer at once when others
-    come, more when two checks in a row find idle CPUs. Torch's threads spin while they wait for each other, so two
-    threads beside one busy process run at under half of one thread's speed (benchmark/results/threads.md). The
-    number of threads changes no result: the golden runs are the same at 1 and 2."""
-
-    def __init__(self):
-        self.most = torch.get_num_threads()  # torch's default: one per core
-        with contextlib.suppress(OSError, ValueError):  # "max": no quota
-            quota, period = open("/sys/fs/cgroup/cpu.max").read().split()
-            self.most = min(self.most, max(1, int(quota) // int(period)))
-        self.rising = False
-        self.last = self.reading()
-        self.checked = time.monotonic()
-        torch.set_num_threads(1)
-
-    def reading(self):
-        """The time, the busy CPU seconds of this process's CPUs (all processes') and this process's own; None where
-        the system does not say (no /proc/stat)."""
-        try:
-            cpus = os.sched_getaffinity(0)
-            with open("/proc/stat") as f:  # a line per CPU: "cpuN" and its times in ticks, idle 4th, iowait 5th
-                lines = [line.split() for line in f if line[3:4].isdigit()]
-            ticks = [list(map(int, t)) for name, *t in lines if int(name[3:]) in cpus]
-        except (OSError, AttributeError, ValueError):
-            return None
-        busy = sum(sum(t[:8]) - t[3] - t[4] for t in ticks) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
-        return time.monotonic(), busy, sum(os.times()[:2]), len(cpus)
-
-    def fits(self, now):
-        """The threads that the CPUs left idle since the last reading fit: a core a fifth used by others is busy."""
-        if not (now and self.last):
-            return 1
-        others = max(now[1] - self.last[1] - (now[2] - self.last[2]), 0.0) / max(now[0] - self.last[0], 1e-3)
-        return max(1, min(self.most, int(now[3] - others + 0.2)))
-
-    def choose(self):
-        now = self.reading()
-        fits, threads = self.fits(now), torch.get_num_threads()
-        if fits < threads or fits > threads and self.rising:
-            torch.set_num_threads(fits)
-        self.rising = fits > torch.get_num_threads()
-        self.last = now
-        self.checked = time.monotonic()
-
-
-def check_memory(device, args, networks, buffer):
-    """Where the replay `buffer` (built on the meta device: shapes, no memory) can live: the training device when the
-    run fits in its free memory (the GPU's, or the host's within a cgroup's limit) with the `networks` (built here on
-    the meta device) with gradients and Adam's moments and one update's activations (about four floats per unit of
-    each layer and sample), and on the host each checkpoint's copy of the buffer; otherwise fail with one line."""
-    with torch.device("meta"):
-        named = [p for net in networks() for p in net.named_parameters()]
-    # A layer's activations per sample: a bias's units, times a conv layer's output area (its bias's `area`).
-    networks_need = 16 * sum(p.numel() * (args.batch_size * getattr(p, "area", 1) if "bias" in name else 1)
-                             for name, p in named)
-    buffer_need = sum(t.numel() * t.element_size() for t in tensors(buffer))
+def check_memory(device, buffer_bytes):
+    """One line unless the replay buffer fits in the training device's free memory (the GPU's, or the host's within
+    a cgroup's limit) beside a checkpoint's copy on the host. (A later allocation that fails: one line in __main__.)"""
     free = {"cpu": int(open("/proc/meminfo").read().split("MemAvailable:")[1].split()[0]) * 1024}
-    with contextlib.suppress(OSError, ValueError):
+    with contextlib.suppress(OSError, ValueError):  # "max": no limit
         limit = open("/sys/fs/cgroup/memory.max").read()
         free["cpu"] = min(free["cpu"], int(limit) - int(open("/sys/fs/cgroup/memory.current").read()))
     if device.type == "cuda":
         free["cuda"] = torch.cuda.mem_get_info(device)[0]
-    need = {"cpu": buffer_need, device.type: 0}  # the checkpoint's copy of the buffer, on the host
-    need[device.type] += networks_need + buffer_need
-    if all(need[kind] <= free[kind] for kind in need):
-        return device
-    kind = next(kind for kind in (device.type, "cpu") if need[kind] > free[kind])
-    fail(f"the run needs {need[kind] / 2**30:.1f} GiB, more than the {free[kind] / 2**30:.1f} GiB free on the "
-         f"{kind}; lower --buffer-size or --batch-size, or --pop-size")  # ERL: the population counts
+    need = {"cpu": buffer_bytes, device.type: 0}
+    need[device.type] += buffer_bytes
+    for kind in (kind for kind in need if need[kind] > free[kind]):
+        fail(f"the replay buffer needs {need[kind] / 2**30:.1f} GiB, more than the {free[kind] / 2**30:.1f} GiB "
+             f"free on the {kind}; lower --buffer-size or --batch-size")
 
 
-def tensors(buffer):
-    """A replay buffer's tensors, held directly or in a dict."""
-    values = [v for value in vars(buffer).values() for v in (value.values() if isinstance(value, dict) else [value])]
-    return [v for v in values if isinstance(v, torch.Tensor)]
+class Threads:
+    """--torch-threads 0: every 2 s, as many threads as this process's CPUs (affinity, cgroup quota) that others left
+    idle (a core a fifth used is busy): fewer at once, more after two idle checks in a row, one where the system does
+    not say (benchmark/results/threads.md). No result depends on the number."""
+
+    def __init__(self):
+        self.most, self.rising, self.last = torch.get_num_threads(), False, self.reading()
+        with contextlib.suppress(OSError, ValueError):  # "max": no quota
+            quota, period = open("/sys/fs/cgroup/cpu.max").read().split()
+            self.most = min(self.most, max(1, int(quota) // int(period)))
+        torch.set_num_threads(1)
+
+    def reading(self):  # (time, CPU seconds others used of this process's CPUs, its CPUs), or None (no /proc/stat)
+        with contextlib.suppress(OSError, AttributeError, ValueError):
+            cpus, stat = os.sched_getaffinity(0), [line.split() for line in open("/proc/stat")]  # "cpuN" and ticks
+            busy = [sum(map(int, t[:8])) - int(t[3]) - int(t[4]) for n, *t in stat if n[3:] in map(str, cpus)]
+            return time.monotonic(), sum(busy) / os.sysconf("SC_CLK_TCK") - sum(os.times()[:2]), len(cpus)
+
+    def choose(self):
+        now, was, threads = self.reading(), self.last, torch.get_num_threads()
+        idle = now[2] - max(now[1] - was[1], 0.0) / max(now[0] - was[0], 1e-3) if now and was else 1
+        fits = max(1, min(self.most, int(idle + 0.2)))
+        if fits < threads or fits > threads and self.rising:
+            torch.set_num_threads(fits)
+        self.rising, self.last = fits > torch.get_num_threads(), now
 
 
 def accelerate(step, args):
-    """An update step (a callable without arguments) as it runs: as it is, torch.compile'd (--compile), and/or
-    captured as one CUDA graph (--cudagraphs)."""
-    # Steps made from one function (ERL's learners') are one compilation each, and dynamo silently runs a function
+    """An update step (a callable without arguments) as it is, torch.compile'd, and/or replayed as a CUDA graph."""
+    # ERL: the learners' steps are made from one function, one compilation each, and dynamo silently runs a function
     # eagerly once it has compiled it cache_size_limit times (8): each step made raises the limit by one.
     torch._dynamo.config.cache_size_limit += 1
     step = torch.compile(step) if args.compile else step
@@ -948,14 +889,11 @@ class CudaGraph:
     that stay in place, and it returns the same output tensors, overwritten, at every replay."""
 
     def __init__(self, step, warmup=3):
-        self.step = step
-        self.warmup = warmup
-        self.graph = None
+        self.step, self.warmup, self.graph = step, warmup, None
 
     def __call__(self):
         if self.warmup:
-            self.warmup -= 1
-            stream = torch.cuda.Stream()
+            self.warmup, stream = self.warmup - 1, torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 outputs = self.step()
@@ -982,7 +920,6 @@ def env_state(env):
         state["elapsed_steps"] = env.get_wrapper_attr("_elapsed_steps")
     if hasattr(u, "model") and hasattr(u, "data"):  # MuJoCo: the full integration state, warm-start included
         import mujoco
-
         state["mujoco"] = np.empty(mujoco.mj_stateSize(u.model, mujoco.mjtState.mjSTATE_INTEGRATION))
         mujoco.mj_getState(u.model, u.data, state["mujoco"], mujoco.mjtState.mjSTATE_INTEGRATION)
     elif hasattr(u, "state"):  # classic control
@@ -997,348 +934,302 @@ def set_env_state(env, state):
         env.set_wrapper_attr("_elapsed_steps", state["elapsed_steps"])
     if "mujoco" in state:
         import mujoco
-
         mujoco.mj_setState(u.model, u.data, state["mujoco"], mujoco.mjtState.mjSTATE_INTEGRATION)
         mujoco.mj_forward(u.model, u.data)
     elif "state" in state:
         u.state = state["state"]
 
 
-def evaluate(policy, env_id, episodes, seed, device, video_folder=None, video_prefix="eval"):
-    """Returns of `episodes` full episodes of the deterministic `policy`, on a separate env."""
+def evaluate(policy, env_id, episodes, seed, device, stop, video_folder=None, video_prefix="eval"):
+    """Returns of `episodes` full episodes of the deterministic `policy`, on a separate env; None once `stop()`."""
     env = gym.make(env_id, render_mode="rgb_array" if video_folder else None)
     if env.spec.max_episode_steps is None:
         env = gym.wrappers.TimeLimit(env, EVAL_STEP_LIMIT)
     if video_folder:
         env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda e: e == 0, name_prefix=video_prefix)
-    low, high = env.action_space.low, env.action_space.high
-    returns = []
+    low, high, returns = env.action_space.low, env.action_space.high, []
     try:
         for episode in range(episodes):
-            obs, _ = env.reset(seed=seed + episode)
-            done, episode_return = False, 0.0
+            (obs, _), done, episode_return = env.reset(seed=seed + episode), False, 0.0
             while not done:
+                if stop():
+                    return None
                 with torch.no_grad():
                     action = policy(upload(obs[None], device))[0].cpu().numpy()  # the one wait per step
                 obs, reward, terminated, truncated, _ = env.step(to_env(action, low, high))
-                episode_return += float(reward)
-                done = terminated or truncated
+                episode_return, done = episode_return + float(reward), terminated or truncated
             returns.append(episode_return)
-    finally:  # also when a signal ends it
+    finally:
         env.close()
     return returns
 
 
 def write_atomically(path, write, mode="w"):
-    """Write `path` through a uniquely named temp file and a rename: a kill or a failed write (disk full, permission)
-    leaves the previous file whole, and a failed write ends the run with one line."""
-    directory, name = os.path.split(path)
-    temp = None
+    """Write `path` whole or not at all: into path.tmp, synced, renamed over it (the lock makes this process the one
+    writer). A failed write (a full disk) ends the run with one line, the previous file whole."""
     try:
-        fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, mode) as f:
+        with open(path + ".tmp", mode) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())  # on disk before the rename: a crash cannot leave an empty file under the name
-        os.replace(temp, path)
+        os.replace(path + ".tmp", path)
     except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError of its own words
-        full = shutil.disk_usage(directory).free < 2**20  # read before the temp file gives its space back
-        with contextlib.suppress(OSError, TypeError):
-            os.remove(temp)
-        fail(f"cannot write {path}: {'no space left' if full else getattr(e, 'strerror', None) or first_line(e)}")
+        full = shutil.disk_usage(os.path.dirname(path)).free < 2**20  # read while the temp file holds its space
+        with contextlib.suppress(OSError):
+            os.remove(path + ".tmp")
+        fail(f"cannot write {path}", "no space left" if full else getattr(e, "strerror", None) or e)
 
 
 def claim_run_dir(args):
-    """The run's directory and its lock: runs/{run_name}, created exclusively (runs/{run_name}-1, -2 ... when another
-    run took it in the same second), or the --resume checkpoint's."""
-    if args.resume:
-        path = os.path.dirname(os.path.abspath(args.resume))
-        return path, lock(path)
+    """The run's directory, runs/{run_name} made here (or the --resume checkpoint's), and its lock: a file naming the
+    process that holds it, so that a second is refused naming the first; removed when the run ends."""
     name = f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    for i in itertools.count():
-        path = os.path.abspath(os.path.join("runs", name if i == 0 else f"{name}-{i}"))
-        try:
-            os.makedirs(path)
-            return path, lock(path)
-        except FileExistsError:
-            continue
-        except OSError as e:
-            fail(f"cannot create the run directory {path}: {e.strerror}")
-
-
-def lock(run_dir):
-    """Take the run directory's lock until its file descriptor (returned) is closed, and say who holds it: a second
-    process is refused with one line naming the first."""
+    path = os.path.dirname(os.path.abspath(args.resume)) if args.resume else os.path.abspath(os.path.join("runs", name))
     try:
-        fd = os.open(os.path.join(run_dir, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if not args.resume:
+            os.makedirs(path)
+        lock = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except FileExistsError:
+        fail(f"{path} exists: a run of the same name started in the same second")
     except BlockingIOError:
-        fail(f"{run_dir} is in use by {os.read(fd, 100).decode() or 'another process'}")
+        fail(f"{path} is in use by {os.read(lock, 100).decode() or 'another process'}")
     except OSError as e:
-        fail(f"cannot lock the run directory {run_dir}: {e.strerror}")
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}".encode(), 0)
-    for name in os.listdir(run_dir):  # what a write killed half-way left (see write_atomically)
-        if name.startswith(".") and name.endswith(".tmp"):
-            os.remove(os.path.join(run_dir, name))
-    return fd
+        fail(f"cannot create the run directory {path}", e.strerror)
+    os.ftruncate(lock, 0)
+    os.pwrite(lock, f"process {os.getpid()} on {socket.gethostname()}".encode(), 0)
+    return path, lock
+
+
+class Metrics:
+    """The updates' metrics since the last log: a running sum and count on the device, read (one wait), checked and
+    logged every --log-freq updates. A checkpoint keeps them: a resumed run logs what a straight one does."""
+
+    def __init__(self, writer, device, names=(), sum=None, count=0, window=(0, 0, 0, 0)):
+        self.writer, self.names, self.count, self.window = writer, list(names), count, list(window)
+        self.sum, self.sps_start = None if sum is None else sum.to(device), None  # (this process's first update)
+
+    def add(self, global_step, update, metrics):
+        self.sps_start = self.sps_start or (global_step, time.time())
+        values = torch.stack(list(metrics.values()))
+        self.names, self.sum = list(metrics), values if not self.count else self.sum + values
+        self.window = [update, global_step] * 2 if not self.count else self.window[:2] + [update, global_step]
+        self.count += 1
+
+    def means(self, stop):
+        """The means since the last log; `stop(cause)` on a non-finite one, naming it and its window."""
+        means = dict(zip(self.names, (self.sum / self.count).tolist())) if self.count else {}
+        for name in (name for name, value in means.items() if not np.isfinite(value)):
+            first, first_step, last, last_step = self.window
+            stop(f"non-finite {name} in updates {first}-{last}, from global_step {first_step} to {last_step}")
+        return means
+
+    def log(self, global_step, stop):
+        """Log the means since the last log and the env steps/s."""
+        means = self.means(stop)
+        for name, value in means.items():
+            self.writer.add_scalar(f"losses/{name}", value, global_step)
+        if means and self.sps_start:  # (a resumed run's carried metrics come before this process's first update)
+            sps = (global_step - self.sps_start[0]) / max(time.time() - self.sps_start[1], 1e-9)
+            self.writer.add_scalar("charts/SPS", int(sps), global_step)
+        self.count = 0
+
+    def state_dict(self):
+        return {"names": self.names, "sum": None if self.sum is None else self.sum.cpu(), "count": self.count,
+                "window": self.window}
+
+
+class Progress:
+    """The progress bar (tqdm): on a terminal at its width, under the run's lines; in a log (a sweep, Slurm) a line a
+    minute without carriage returns. Its ETA is timed from this process's first update, when the speed is known."""
+
+    def __init__(self, args, global_step, num_updates, last_eval):
+        self.total, self.tty = args.total_timesteps, sys.stdout.isatty()
+        self.interval = 1 if self.tty else 60
+        self.threads = None if args.torch_threads else Threads()
+        self.updates, self.first_updates, self.last_eval, self.checked = num_updates, num_updates, last_eval, 0.0
+        self.bar = self.new_bar(global_step, eta="?")
+
+    def new_bar(self, global_step, eta):
+        lines = types.SimpleNamespace(write=lambda text: text.strip() and print(text.strip(), flush=True),
+                                      flush=lambda: None)
+        return tqdm(total=self.total, initial=global_step, unit="step", dynamic_ncols=True, miniters=1, smoothing=0.05,
+                    mininterval=self.interval, delay=self.interval, leave=eta != "?", bar_format="{l_bar}{bar}| "
+                    "{n}/{total} [ETA " + eta + ", {rate_fmt}{postfix}]", file=sys.stdout if self.tty else lines)
+
+    def update(self, global_step, num_updates):
+        if num_updates > self.first_updates and not self.bar.leave:  # the first update: the bar is timed from here
+            self.bar.close()
+            self.bar = self.new_bar(global_step, eta="{remaining}")
+        if time.monotonic() - self.checked >= self.interval:
+            _ = self.threads and self.threads.choose()
+            ups, threads = (num_updates - self.updates) / (time.monotonic() - self.checked), torch.get_num_threads()
+            self.bar.set_postfix_str(f"{ups:.0f} updates/s, last eval {self.last_eval}, {threads} thread"
+                                     + "s" * (threads > 1), refresh=False)
+            self.updates, self.checked = num_updates, time.monotonic()
+        self.bar.update(global_step - self.bar.n)
+
+    def say(self, line, file=sys.stdout):
+        """A line of its own; on a terminal above the bar."""
+        with contextlib.suppress(OSError):  # a terminal gone (SIGHUP) cannot stop the run from saving and ending
+            tqdm.write(line, file=file) if self.tty else print(line, file=file, flush=True)
 
 
 class Run:
-    """One run as it goes: its directory, TensorBoard and the progress line, the guard against non-finite numbers,
-    evaluations, checkpoints and signals."""
+    """One run as it goes: its directory and files (args.json, evaluations.csv, TensorBoard, W&B), metrics, progress,
+    evaluations, checkpoints and signals. A signal only sets a flag, which the loop and an evaluation poll."""
 
     def __init__(self, args, checkpoint, device):
-        self.args = args
-        self.device = device
-        self.signal = None  # from here on a signal ends the run at its next step, with a checkpoint
-        self.evaluating = False
-        self.handlers = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        self.args, self.device, self.signal, self.finished, self.result = args, device, None, False, None
+        self.handlers = {s: signal.signal(s, self.on_signal) for s in SIGNALS}
         self.dir, self.lock = claim_run_dir(args)
-        self.name = os.path.basename(self.dir)
-        fresh = {"wall_time": 0.0, "evaluations": [], "evaluation_due": False, "metrics": [], "metric_names": []}
-        saved = {**fresh, **checkpoint["run"]} if checkpoint else fresh  # (an older checkpoint logged its metrics)
-        self.evaluations = saved["evaluations"]  # one row per evaluation, as evaluations.csv holds them
-        self.evaluation_due = saved["evaluation_due"]
+        saved = checkpoint["run"] if checkpoint else {"wall_time": 0.0, "evaluations": [], "evaluation_due": False}
+        self.evaluations, self.evaluation_due = saved["evaluations"], saved["evaluation_due"]  # rows of the csv
         self.start_time = time.time() - saved["wall_time"]
-        self.result = None
-        self.finished = False  # finish() said the closing line
-        recorded = {**asdict(args), "device": str(device)}  # the device the run used, whatever --cuda said
-        write_atomically(os.path.join(self.dir, "args.json"), lambda f: json.dump(recorded, f, indent=2))
+        write_atomically(f"{self.dir}/args.json", lambda f: json.dump({**asdict(args), "device": str(device)}, f))
         self.write_evaluations()  # on resume: the rows up to the checkpoint, dropping any made after it
         if args.track:
-            import wandb
-
-            id = self.name[-64:].replace(".", "-")
             try:
-                wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                           config=asdict(args), name=self.name, id=id, resume="allow", save_code=True, dir=self.dir)
-            except Exception as e:  # a key wandb refuses, no server, an unknown entity
-                fail(f"--track: wandb cannot start: {first_line(e)}")
+                importlib.import_module("wandb").init(
+                    project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, dir=self.dir,
+                    config=asdict(args), name=os.path.basename(self.dir), resume="allow", save_code=True,
+                    id=os.path.basename(self.dir)[-64:].replace(".", "-"))
+            except Exception as e:  # no key, a key wandb refuses, no server, an unknown entity
+                fail("--track: wandb cannot start (wandb login, or WANDB_MODE=offline)", e)
         loop = checkpoint["loop"] if checkpoint else {"global_step": 0, "num_updates": 0}
         # Points logged after the checkpoint by the run it continues are dropped; those at its step are the same.
-        self.writer = SummaryWriter(self.dir, purge_step=loop["global_step"] + 1 if checkpoint else None)
-        table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
-        self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
-        # Each update's metrics stay on the device until the next log, so that a non-finite one can be named with
-        # its update and step without waiting for the device after every update; a checkpoint keeps those not yet
-        # logged, so that a resumed run logs the points a straight run logs.
-        self.metrics = [(update, step, values.to(device)) for update, step, values in saved["metrics"]]
-        self.metric_names = saved["metric_names"]
-        self.sps_start = None
-        self.tty = sys.stdout.isatty()
-        self.line_open = False  # a progress line on the terminal, which the next line replaces
-        self.last_report = (time.time(), loop["global_step"], loop["num_updates"], not checkpoint)
-        self.threads = Threads() if not args.torch_threads else None
-        print(f"run {self.dir}: {args.env_id}, {args.total_timesteps} steps on {device}", flush=True)
+        writer = SummaryWriter(self.dir, purge_step=loop["global_step"] + 1 if checkpoint else None)
+        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in
+                                                                              asdict(args).items()))
+        self.metrics = Metrics(writer, device, **saved.get("metrics", {}))
+        torch.set_num_threads(args.torch_threads or torch.get_num_threads())
+        last_eval = "{2:.1f} +- {3:.1f}".format(*self.evaluations[-1]) if self.evaluations else "-"
+        self.progress = Progress(args, loop["global_step"], loop["num_updates"], last_eval)
+        self.progress.say(f"run {self.dir}: {args.env_id}, {args.total_timesteps} steps on {device}")
         if checkpoint:
-            print(f"resumed {self.dir} at global_step {loop['global_step']}", flush=True)
+            self.progress.say(f"resumed {self.dir} at global_step {loop['global_step']}")
 
     def on_signal(self, signum, frame):
         self.signal = signum
-        if self.evaluating:
-            raise Stop
-
-    def progress(self, global_step, num_updates):
-        """Env steps/s and updates/s since the last report, the last evaluation and the ETA: on a terminal a line
-        rewritten every second, in a log (Slurm, a sweep) a line after 10 s and then every minute."""
-        if self.threads and time.monotonic() - self.threads.checked >= 2:
-            self.threads.choose()
-        now = time.time()
-        then, last_step, last_updates, first = self.last_report
-        if now - then < (1.0 if self.tty else 10.0 if first else 60.0):
-            return
-        sps = (global_step - last_step) / (now - then)
-        ups = (num_updates - last_updates) / (now - then)
-        left = max(self.args.total_timesteps - global_step, 0)
-        eta = datetime.timedelta(seconds=int(left / sps)) if sps else "-"
-        last = "{2:.1f} +- {3:.1f}".format(*self.evaluations[-1]) if self.evaluations else "-"
-        done = 1 - left / self.args.total_timesteps
-        fields = [f"step {global_step}/{self.args.total_timesteps} ({done:.0%})", f"{sps:.0f} steps/s",
-                  f"{ups:.0f} updates/s", f"last eval {last}", f"ETA {eta}",
-                  f"{torch.get_num_threads()} thread" + "s" * (torch.get_num_threads() > 1)]
-        if self.tty:  # one line of the terminal's width: the fields least needed go first
-            width = shutil.get_terminal_size().columns - 1
-            for name in ("thread", "updates/s", "last eval", "steps/s"):
-                fields = [f for f in fields if name not in f] if len(" | ".join(fields)) > width else fields
-        self.say(" | ".join(fields)[: width if self.tty else None], end="" if self.tty else "\n")
-        self.line_open = self.tty  # rewritten in place until a line of its own follows
-        self.last_report = (now, global_step, num_updates, False)
-
-    def say(self, line, file=None, end="\n"):
-        """Print a line of its own; on a terminal, in place of the progress line."""
-        with contextlib.suppress(OSError):  # a terminal gone (SIGHUP) cannot stop the run from saving and ending
-            print(("\r\033[K" if self.line_open else "") + line, file=file, end=end, flush=True)
-        self.line_open = False
 
     def log_episode(self, global_step, episode_return, episode_length):
-        self.writer.add_scalar("charts/episodic_return", episode_return, global_step)
-        self.writer.add_scalar("charts/episodic_length", episode_length, global_step)
+        self.metrics.writer.add_scalar("charts/episodic_return", episode_return, global_step)
+        self.metrics.writer.add_scalar("charts/episodic_length", episode_length, global_step)
 
     def record(self, global_step, update, **metrics):
-        """Keep one update's metrics (scalar tensors, on the device); ERL checks and logs them at a generation's end."""
-        self.sps_start = self.sps_start or (global_step, time.time())
-        self.metric_names = list(metrics)
-        self.metrics.append((update, global_step, torch.stack(list(metrics.values()))))
+        """Add one update's metrics (scalar tensors, on the device); ERL logs them at a generation's end."""
+        self.metrics.add(global_step, update, metrics)
 
     def log_generation(self, global_step, generation, fitness, fates, learner_returns):  # ERL: at a generation's end
-        self.log_metrics(global_step)
+        self.metrics.log(global_step, self.stop_on)
+        writer = self.metrics.writer
         for statistic in ("max", "mean", "min"):
-            self.writer.add_scalar(f"evolution/fitness_{statistic}", getattr(fitness, statistic)(), global_step)
-        self.writer.add_scalar("evolution/generation", generation, global_step)
+            writer.add_scalar(f"evolution/fitness_{statistic}", getattr(fitness, statistic)(), global_step)
+        writer.add_scalar("evolution/generation", generation, global_step)
         for fate, count in fates.items():  # the "RL selection rate": elite + selected over all injections
-            self.writer.add_scalar(f"evolution/injected_{fate}", count / max(sum(fates.values()), 1), global_step)
+            writer.add_scalar(f"evolution/injected_{fate}", count / max(sum(fates.values()), 1), global_step)
         for k, episode_return in enumerate(learner_returns):  # learner 0's under CleanRL's name
-            self.writer.add_scalar("charts/episodic_return" + (f"_{k}" if k else ""), episode_return, global_step)
-
-    def check_metrics(self):
-        """The metrics kept since the last log, stacked (None when there are none); stop on the first non-finite."""
-        if not self.metrics:
-            return None
-        values = torch.stack([m[2] for m in self.metrics])
-        bad = (~torch.isfinite(values)).nonzero().tolist()
-        if bad:
-            update, step, _ = self.metrics[bad[0][0]]
-            self.stop_on(f"non-finite {self.metric_names[bad[0][1]]} in update {update}, at global_step {step}")
-        return values
-
-    def log_metrics(self, global_step):
-        """Log the means of the metrics kept since the last log (all finite) and the env steps/s."""
-        values = self.check_metrics()
-        if values is None:
-            return
-        for name, value in zip(self.metric_names, values.mean(0).tolist()):
-            self.writer.add_scalar(f"losses/{name}", value, global_step)
-        if self.sps_start:  # (none before this process's first update: a resumed run's carried metrics)
-            start_step, start_time = self.sps_start
-            sps = (global_step - start_step) / max(time.time() - start_time, 1e-9)
-            self.writer.add_scalar("charts/SPS", int(sps), global_step)
-        self.metrics = []
+            writer.add_scalar("charts/episodic_return" + (f"_{k}" if k else ""), episode_return, global_step)
 
     def check_finite(self, global_step, **arrays):
         """Stop if a host array (an action, a reward, an observation) is not finite, naming it, before it is used."""
-        for name, array in arrays.items():
-            if not np.isfinite(array).all():
-                self.stop_on(f"non-finite {name} at global_step {global_step}")
+        for name in (name for name, array in arrays.items() if not np.isfinite(array).all()):
+            self.stop_on(f"non-finite {name} at global_step {global_step}")
 
     def stop_on(self, cause):
-        path = os.path.join(self.dir, "checkpoint.pt")
-        self.say(f"error: {cause}; stopping. Last checkpoint: {path if os.path.exists(path) else 'none'}", sys.stderr)
+        path = f"{self.dir}/checkpoint.pt"
+        self.progress.say(f"error: {cause}; stopping. Last checkpoint: {path if os.path.exists(path) else 'none'}",
+                          sys.stderr)
         sys.exit(1)
 
-    def evaluate(self, global_step, policy, learner_policy):  # ERL: the champion; the first learner in own columns
-        """Evaluate `policy` into evaluations.csv and TensorBoard, and print a line. A signal ends it at once; the
-        checkpoint then says that it is still due."""
-        self.log_metrics(global_step)
-        video_folder = os.path.join("videos", self.name) if self.args.capture_video else None
-        self.evaluating = self.evaluation_due = True
-        try:
-            if self.signal:  # a signal that came just before: the evaluation waits for the resumed run
-                raise Stop
-            returns = evaluate(policy, self.args.env_id, self.args.eval_episodes, self.args.seed + 100_000,
-                               self.device, video_folder, video_prefix=f"step-{global_step}")
-            learner_returns = evaluate(learner_policy, self.args.env_id, self.args.eval_episodes,
-                                       self.args.seed + 100_000, self.device)  # ERL
-        except Stop:
+    def evaluate_and_log(self, global_step, policy, learner_policy):  # ERL: the champion; the first learner beside
+        """Evaluate `policy` into evaluations.csv and TensorBoard; a signal ends it at once, leaving it due."""
+        self.metrics.log(global_step, self.stop_on)
+        self.evaluation_due = True
+        video_folder = os.path.join("videos", os.path.basename(self.dir)) if self.args.capture_video else None
+        returns = evaluate(policy, self.args.env_id, self.args.eval_episodes, self.args.seed + 100_000, self.device,
+                           lambda: self.signal, video_folder, video_prefix=f"step-{global_step}")
+        learner_returns = returns and evaluate(learner_policy, self.args.env_id, self.args.eval_episodes,
+                                               self.args.seed + 100_000, self.device, lambda: self.signal)  # ERL
+        if learner_returns is None:
             return
-        finally:
-            self.evaluating = False
-        self.evaluation_due = False
-        mean, std = float(np.mean(returns)), float(np.std(returns))
-        self.writer.add_scalar("eval/episodic_return", mean, global_step)
+        mean, std, self.evaluation_due = float(np.mean(returns)), float(np.std(returns)), False
+        self.metrics.writer.add_scalar("eval/episodic_return", mean, global_step)
         learner = [float(np.mean(learner_returns)), float(np.std(learner_returns))]  # ERL
-        self.writer.add_scalar("eval/learner_episodic_return", learner[0], global_step)  # ERL
+        self.metrics.writer.add_scalar("eval/learner_episodic_return", learner[0], global_step)  # ERL
         wall_time = round(time.time() - self.start_time, 1)
         self.evaluations.append([global_step, wall_time, mean, std, " ".join(f"{r:.2f}" for r in returns), *learner])
         self.write_evaluations()
-        self.result = {"run_dir": self.dir, "global_step": global_step, "eval_mean": mean, "eval_std": std}
-        self.result["learner_eval_mean"] = learner[0]  # ERL
-        self.say(f"step {global_step}/{self.args.total_timesteps} | eval return {mean:.1f} +- {std:.1f}")
+        self.result = {"run_dir": self.dir, "global_step": global_step, "eval_mean": mean, "eval_std": std,
+                       "learner_eval_mean": learner[0]}  # ERL
+        self.progress.last_eval = f"{mean:.1f} +- {std:.1f}"
+        self.progress.say(f"step {global_step}/{self.args.total_timesteps} | eval return {mean:.1f} +- {std:.1f}")
 
     def write_evaluations(self):
-        rows = [["global_step", "wall_time_s", "mean_return", "std_return", "returns"], *self.evaluations]
-        rows[0] += ["learner_mean_return", "learner_std_return"]  # ERL: the learner's columns
-        write_atomically(os.path.join(self.dir, "evaluations.csv"), lambda f: csv.writer(f).writerows(rows))
+        rows = [["global_step", "wall_time_s", "mean_return", "std_return", "returns", "learner_mean_return",
+                 "learner_std_return"], *self.evaluations]  # ERL: the learner's columns
+        write_atomically(f"{self.dir}/evaluations.csv", lambda f: csv.writer(f).writerows(rows))
 
     def save_checkpoint(self, state, envs, **loop):
-        """Write everything needed to continue: `state`, the envs, every RNG, the run's evaluations and the loop's
-        values by name (global_step first). After a signal, an unfinished run ends here with exit status 128 +
-        signal (a finished one writes its last files first, and ends in close)."""
-        self.check_metrics()
-        path = os.path.join(self.dir, "checkpoint.pt")
-        metrics = [(update, step, values.cpu()) for update, step, values in self.metrics]  # not yet logged
-        run = {"wall_time": time.time() - self.start_time, "evaluations": self.evaluations, "metrics": metrics}
-        rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-        rng["cuda"] = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
-        checkpoint = {
-            "args": asdict(self.args),
-            "loop": loop,
-            "run": {**run, "metric_names": self.metric_names, "evaluation_due": self.evaluation_due},
-            "state": {k: v.bit_generator.state if isinstance(v, np.random.Generator)
-                      else v.detach().cpu() if isinstance(v, torch.Tensor) else v.state_dict()
-                      for k, v in state.items()},
-            "envs": [env_state(env) for env in envs],
-            "rng": rng,
-        }
-        write_atomically(path, partial(torch.save, checkpoint), mode="wb")
-        if loop["global_step"] < self.args.total_timesteps or self.evaluation_due or loop.get("updates_due"):
-            self.exit_on_signal(loop["global_step"])  # (a finished run writes its last files first: see close)
+        """Write `state`, the envs, every RNG, the loop's values by name and the run's evaluations and metrics (checked
+        first: a non-finite one stops the run before it is saved)."""
+        self.metrics.means(self.stop_on)
+        rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+               "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None}
+        run = {"wall_time": time.time() - self.start_time, "evaluations": self.evaluations,
+               "evaluation_due": self.evaluation_due, "metrics": self.metrics.state_dict()}
+        state = {k: v.bit_generator.state if isinstance(v, np.random.Generator)
+                 else v.cpu() if isinstance(v, torch.Tensor) else v.state_dict()  # ERL's population
+                 for k, v in state.items()}
+        checkpoint = {"script": os.path.basename(__file__), "args": asdict(self.args), "loop": loop, "run": run,
+                      "state": state, "envs": [env_state(env) for env in envs], "rng": rng}
+        write_atomically(f"{self.dir}/checkpoint.pt", partial(torch.save, checkpoint), mode="wb")
 
-    def exit_on_signal(self, global_step):
-        """After a signal, end the run with one line and exit status 128 + signal."""
-        if self.signal:
-            path = os.path.join(self.dir, "checkpoint.pt")
-            self.say(f"{signal.Signals(self.signal).name} at global_step {global_step}: checkpoint written; "
-                     f"continue with --resume {path}", sys.stderr)
+    def exit_on_signal(self, global_step, updates_due):
+        """After a signal an unfinished run (ERL's: its generation's updates left too) ends here with one line and 128
+        + signal (a finished one, in close)."""
+        if self.signal and (global_step < self.args.total_timesteps or self.evaluation_due or updates_due):
+            self.progress.say(f"{signal.Signals(self.signal).name} at global_step {global_step}: checkpoint written; "
+                              f"continue with --resume {self.dir}/checkpoint.pt", sys.stderr)
             sys.exit(128 + self.signal)
 
     def save_model(self, population, **networks):  # ERL: and the population (its tensors already on the CPU)
         """Write the final networks, on the CPU, to model.pt."""
         model = {name: {k: v.cpu() for k, v in net.state_dict().items()} for name, net in networks.items()}
         model["population"] = population  # ERL
-        write_atomically(os.path.join(self.dir, "model.pt"), partial(torch.save, {**model, "args": asdict(self.args)}),
-                         mode="wb")
+        write_atomically(f"{self.dir}/model.pt", partial(torch.save, {**model, "args": asdict(self.args)}), mode="wb")
 
     def finish(self):
         """The closing line of a finished run: its final evaluation, directory and wall time."""
+        self.progress.bar.close()
         wall_time = datetime.timedelta(seconds=int(time.time() - self.start_time))
         result = f"final eval {self.result['eval_mean']:.1f} +- {self.result['eval_std']:.1f}" if self.result else ""
-        self.say(f"finished {self.args.total_timesteps} steps in {wall_time}: {result}; {self.dir}")
+        self.progress.say(f"finished {self.args.total_timesteps} steps in {wall_time}: {result}; {self.dir}")
         self.finished = True
 
     def close(self):
-        """Close the run's files and lock, then give the signals back. A signal that came once the run was done (its
-        last checkpoint, model.pt, these files) ends it here with one line and exit status 128 + signal."""
+        """Close the files, remove the lock, give the signals back; a signal once the run was done ends it here."""
         try:
-            if self.line_open:  # end the progress line before any last message
-                print()
-            # Unless the run finished, an exit is on its way (a signal's, an error's): the writer's error is not news.
-            with contextlib.suppress(*() if self.finished else (OSError,)):
-                self.writer.close()
-                if self.args.track:
-                    import wandb
-
-                    wandb.finish()
+            self.progress.bar.close()
+            self.metrics.writer.close()
+            _ = self.args.track and importlib.import_module("wandb").finish()
         finally:
+            os.remove(f"{self.dir}/lock")
             os.close(self.lock)
             for s, handler in self.handlers.items():
                 signal.signal(s, handler)
         if self.signal and self.finished:
-            self.say(f"{signal.Signals(self.signal).name} at the end of the run: it finished, every file written",
-                     sys.stderr)
+            self.progress.say(f"{signal.Signals(self.signal).name} at the end of the run: it finished, every file "
+                              "written", sys.stderr)
             sys.exit(128 + self.signal)
 
 
 if __name__ == "__main__":
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, stop_outside_the_run)
-    # TensorBoard's writer thread raises a failed write there and again in the run, at its next point: said once below.
-    hook = threading.excepthook
-    threading.excepthook = lambda t: None if type(t.thread).__name__ == "_AsyncWriterThread" else hook(t)
+    for s in SIGNALS:
+        signal.signal(s, exit_outside_the_run)
     try:
         main(parse_args())
-    except OSError as e:  # a file the system refuses in mid-run (its directory made read-only or removed): one line
-        if e.filename is None:
+    except RuntimeError as e:  # an allocation the memory check let through (CUDA's OutOfMemoryError is one too)
+        if "alloc" not in str(e):
             raise
-        fail(f"{os.fsdecode(e.filename)}: {e.strerror}; the run stopped (a checkpoint it wrote before resumes)")
+        fail("out of memory (lower --buffer-size or --batch-size)", e)
