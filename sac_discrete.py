@@ -753,7 +753,9 @@ def check_env(args):
         fail(f"{args.env_id} has {obs_space} observations; this script needs a flat vector or an Atari game")
     try:
         if args.capture_video:  # once here, as RecordVideo will: a frame, and moviepy to write it
-            env.reset(seed=0), env.render(), importlib.import_module("moviepy")
+            env.reset(seed=0)
+            env.render()
+            importlib.import_module("moviepy")
     except Exception as e:
         fail(f"--capture-video cannot record {args.env_id}", e)
     env.close()
@@ -836,8 +838,7 @@ def check_memory(device, buffer_bytes, frames=False):
         free["cpu"] = min(free["cpu"], int(limit) - int(open("/sys/fs/cgroup/memory.current").read()))
     if device.type == "cuda":
         free["cuda"] = torch.cuda.mem_get_info(device)[0]
-    need = {"cpu": buffer_bytes, device.type: 0}
-    need[device.type] += buffer_bytes
+    need = {device.type: buffer_bytes, "cpu": buffer_bytes}  # on a GPU, and a checkpoint's copy on the host
     if frames and device.type == "cuda" and need["cuda"] > free["cuda"] and 3 * buffer_bytes <= free["cpu"]:
         return torch.device("cpu")  # (pinned memory's allocator rounds up to a power of two bytes: twice at most)
     for kind in (kind for kind in need if need[kind] > free[kind]):
@@ -852,7 +853,8 @@ class Threads:
     not say (benchmark/results/threads.md). No result depends on the number."""
 
     def __init__(self):
-        self.most, self.rising, self.last = torch.get_num_threads(), False, self.reading()
+        self.most, self.rising = torch.get_num_threads(), False
+        self.last, self.checked = self.reading(), time.monotonic()
         with contextlib.suppress(OSError, ValueError):  # "max": no quota
             quota, period = open("/sys/fs/cgroup/cpu.max").read().split()
             self.most = min(self.most, max(1, int(quota) // int(period)))
@@ -870,7 +872,7 @@ class Threads:
         fits = max(1, min(self.most, int(idle + 0.2)))
         if fits < threads or fits > threads and self.rising:
             torch.set_num_threads(fits)
-        self.rising, self.last = fits > torch.get_num_threads(), now
+        self.rising, self.last, self.checked = fits > torch.get_num_threads(), now, time.monotonic()
 
 
 def accelerate(step, args):
@@ -1043,26 +1045,30 @@ class Progress:
         self.total, self.tty = args.total_timesteps, sys.stdout.isatty()
         self.interval = 1 if self.tty else 60
         self.threads = None if args.torch_threads else Threads()
-        self.updates, self.first_updates, self.last_eval, self.checked = num_updates, num_updates, last_eval, 0.0
+        self.steps, self.updates, self.first_updates = global_step, num_updates, num_updates
+        self.last_eval, self.checked = last_eval, time.monotonic()
         self.bar = self.new_bar(global_step, eta="?")
 
     def new_bar(self, global_step, eta):
         lines = types.SimpleNamespace(write=lambda text: text.strip() and print(text.strip(), flush=True),
                                       flush=lambda: None)
-        return tqdm(total=self.total, initial=global_step, unit="step", dynamic_ncols=True, miniters=1, smoothing=0.05,
-                    mininterval=self.interval, delay=self.interval, leave=eta != "?", bar_format="{l_bar}{bar}| "
-                    "{n}/{total} [ETA " + eta + ", {rate_fmt}{postfix}]", file=sys.stdout if self.tty else lines)
+        return tqdm(total=self.total, initial=global_step, dynamic_ncols=True, miniters=1, smoothing=0.05,
+                    mininterval=self.interval, delay=self.interval, leave=eta != "?", file=sys.stdout if self.tty
+                    else lines, bar_format="{percentage:3.0f}%|{bar}| {n}/{total} steps [ETA " + eta + "{postfix}]")
 
     def update(self, global_step, num_updates):
         if num_updates > self.first_updates and not self.bar.leave:  # the first update: the bar is timed from here
             self.bar.close()
             self.bar = self.new_bar(global_step, eta="{remaining}")
-        if time.monotonic() - self.checked >= self.interval:
-            _ = self.threads and self.threads.choose()
-            ups, threads = (num_updates - self.updates) / (time.monotonic() - self.checked), torch.get_num_threads()
-            self.bar.set_postfix_str(f"{ups:.0f} updates/s, last eval {self.last_eval}, {threads} thread"
-                                     + "s" * (threads > 1), refresh=False)
-            self.updates, self.checked = num_updates, time.monotonic()
+        now = time.monotonic()
+        if self.threads and now - self.threads.checked >= 2:
+            self.threads.choose()
+        if now - self.checked >= self.interval:  # the speeds since the last time, shown until the next
+            threads, elapsed = torch.get_num_threads(), now - self.checked
+            sps, ups = (global_step - self.steps) / elapsed, (num_updates - self.updates) / elapsed
+            self.bar.set_postfix_str(f"{sps:.0f} steps/s, {ups:.0f} updates/s, last eval {self.last_eval}, {threads} "
+                                     f"thread{'s' * (threads > 1)}", refresh=False)
+            self.steps, self.updates, self.checked = global_step, num_updates, now
         self.bar.update(global_step - self.bar.n)
 
     def say(self, line, file=sys.stdout):
@@ -1191,7 +1197,8 @@ class Run:
         try:
             self.progress.bar.close()
             self.metrics.writer.close()
-            _ = self.args.track and importlib.import_module("wandb").finish()
+            if self.args.track:
+                importlib.import_module("wandb").finish()
         finally:
             os.remove(f"{self.dir}/lock")
             os.close(self.lock)

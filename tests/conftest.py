@@ -1,7 +1,11 @@
 """Helpers shared by the tests: how to run a script in-process or through its real command line."""
 
+import contextlib
 import importlib
+import io
 import os
+import re
+import resource
 import signal
 import subprocess
 import sys
@@ -171,3 +175,36 @@ def tiny_runs(tmp_path_factory):
         return runs[script]
 
     return get
+
+
+@pytest.fixture
+def host_memory(monkeypatch):
+    """The host's free memory as the memory check reads it (/proc/meminfo, no cgroup), set through the returned
+    dict's "free" (bytes), so that a test of the check does not depend on the machine it runs on."""
+    memory = {"free": 0}
+    opened = open
+
+    def fake_open(path, *rest, **kwargs):
+        if str(path) == "/proc/meminfo":
+            return io.StringIO(f"MemAvailable: {int(memory['free']) // 1024} kB\n")
+        if str(path).startswith("/sys/fs/cgroup"):
+            raise OSError("no cgroup")
+        return opened(path, *rest, **kwargs)
+
+    monkeypatch.setattr("builtins.open", fake_open)
+    return memory
+
+
+@contextlib.contextmanager
+def address_space_limit(room):
+    """Within it, this process may map only `room` bytes more than it has now: an allocation beyond that fails
+    (torch's "can't allocate memory", a MemoryError) instead of waking the kernel's OOM killer, which may kill any
+    process on the machine. For tests whose failure would otherwise allocate more than the machine has."""
+    with open("/proc/self/status") as f:
+        mapped = int(re.search(r"VmSize:\s+(\d+) kB", f.read()).group(1)) * 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + room, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))

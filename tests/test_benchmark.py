@@ -88,7 +88,8 @@ def test_stopping_a_sweep(signum, tmp_path):
     proc = sweep_cli(tmp_path, "--seeds", "1", "2", "3", *options, start=True)
     logs = [tmp_path / f"s/logs/{name}__tests.toy_envs:Counter-v0__{seed}.log" for seed in (1, 2)]
     deadline = time.time() + 120
-    while not all(log.exists() and "steps/s" in log.read_text() for log in logs) and time.time() < deadline:
+    # Both runs started: each has said so (its first line, once it handles signals itself).
+    while not all(log.exists() and " steps on " in log.read_text() for log in logs) and time.time() < deadline:
         time.sleep(0.2)
     second = sweep_cli(tmp_path, *options, timeout=60)
     assert second.returncode == 1

@@ -2,13 +2,18 @@
 handling, progress, wandb and video. Parametrised over the scripts (bad input: tests/test_bad_input.py)."""
 
 import csv
+import fcntl
 import importlib
-import itertools
+import inspect
 import json
 import os
+import pty
 import re
+import select
+import struct
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -18,10 +23,12 @@ import torch
 
 from tests.conftest import (
     DEFAULT_ENV,
+    REPO,
     SCRIPTS,
     TINY,
     TWO_ENV_FLAGS,
     assert_same,
+    cli_env,
     flags_with,
     load_checkpoint,
     logged_losses,
@@ -131,24 +138,47 @@ def test_truncation_stores_true_final_obs(script, env_id, terminate_at, tmp_path
     assert torch.equal(terminated, expected_terminal)
 
 
-def test_nonfinite_loss_stops_with_step(script, tmp_path):
-    log_freq = {} if script == "erl_td3" else {"log_freq": 20}  # ERL checks at each generation's end
-    flags = flags_with(
-        TINY,
-        env_id=toy_env(script, "CounterInfReward-v0"),
-        total_timesteps=2000,
-        learning_starts=100,
-        checkpoint_freq=0,
-        **log_freq,
+def test_nonfinite_loss_stops_naming_it_and_its_window(script, tmp_path, monkeypatch, capsys):
+    """A loss that turns NaN from the 30th update on (here the first metric each update records, made NaN as it is
+    recorded, so that training itself goes on unharmed) stops the run at the next log point with one line: the
+    metric, the updates of its log window and their global steps, and the last checkpoint; nothing non-finite is
+    logged. (Issue 35: a running sum between log points, so the line names a window, not an update. ERL logs at its
+    generations' ends: there a window is a generation's updates.)"""
+    module = importlib.import_module(script)
+    record, steps, poisoned_name = module.Run.record, {}, []
+
+    def poisoned(self, global_step, update, **metrics):
+        steps[update] = global_step
+        if update >= 30:
+            poisoned_name[:] = [next(iter(metrics))]
+            metrics[poisoned_name[0]] = metrics[poisoned_name[0]] * float("nan")
+        return record(self, global_step, update, **metrics)
+
+    monkeypatch.setattr(module.Run, "record", poisoned)
+    log_freq = 20 if "log_freq" in module.Args.__dataclass_fields__ else None
+    flags = flags_with(TINY, total_timesteps=2000, eval_freq=0, checkpoint_freq=210)
+    flags = flags_with(flags, log_freq=log_freq) if log_freq else flags
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(script, flags, tmp_path, monkeypatch)
+    assert exit_info.value.code == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    pattern = r"error: non-finite (\S+) in updates (\d+)-(\d+), from global_step (\d+) to (\d+); stopping\. Last " + (
+        r"checkpoint: (.+)"
     )
-    result = run_cli(script, flags, tmp_path, timeout=300)
-    assert result.returncode == 1
-    line = result.stderr.strip().splitlines()[-1]
-    assert line.startswith("error: non-finite"), result.stderr
-    assert "global_step " in line, result.stderr
-    # The reward turns infinite at the 300th step of the counter envs, evaluation episodes (14 steps at 200) included.
-    evaluation = 28 if script == "erl_td3" else 14  # ERL evaluates the champion and a learner
-    assert 300 - evaluation <= int(line.split("global_step ")[1].split(";")[0]) < 2000
+    match = re.fullmatch(pattern, lines[0])
+    assert match, lines[0]
+    name, first, last, first_step, last_step, checkpoint = match.groups()
+    first, last, first_step, last_step = map(int, (first, last, first_step, last_step))
+    assert name == poisoned_name[0]
+    assert first <= 30 <= last and last == max(steps)  # stopped at the window's end
+    assert last - first < (log_freq or last)
+    assert (first_step, last_step) == (steps[first], steps[last])
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    if log_freq or checkpoint != "none":  # (ERL's first checkpoint may come after its first generation's updates)
+        assert checkpoint == str(run_dir / "checkpoint.pt")
+        assert load_checkpoint(run_dir)["global_step"] < first_step
+    assert all(np.isfinite(value) for points in logged_losses(run_dir).values() for _, value in points)
 
 
 def test_track_wandb_offline(script, tmp_path):
@@ -185,25 +215,137 @@ def test_capture_video_writes_frames(script, tmp_path):
     assert np.asarray(frames[0]).std() > 0  # real frames of a real scene, not blank
 
 
-def fake_clock(module, monkeypatch):
-    """A clock that moves 7 s at each reading, so that a tiny run looks like a long one to the progress display."""
-    clock = itertools.count(start=1.8e9, step=7.0)
-    monkeypatch.setattr(module.time, "time", lambda: next(clock))
+class Log:
+    """A log file (not a terminal: a sweep's, Slurm's), which notes the fake clock's time of each write."""
+
+    def __init__(self, clock):
+        self.clock, self.writes = clock, []
+
+    def write(self, text):
+        self.writes.append((self.clock[0], text))
+        return len(text)
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return False
+
+    def lines(self):
+        """(time, line) for every line written, the time of the write that ended it."""
+        lines, line = [], ""
+        for time_, text in self.writes:
+            for part in re.split("(\n)", text):
+                if part == "\n":
+                    lines.append((time_, line))
+                    line = ""
+                else:
+                    line += part
+        return lines
 
 
-def test_progress_in_a_log(script, tmp_path, monkeypatch, capsys):
-    """Not a terminal (a log, Slurm): plain progress lines with the step, env steps/s, updates/s, the last evaluation
-    and the ETA, also during the random phase."""
-    fake_clock(importlib.import_module(script), monkeypatch)
-    run_main(script, flags_with(TINY, eval_freq=0), tmp_path, monkeypatch)
-    lines = [line for line in capsys.readouterr().out.splitlines() if "steps/s" in line]
-    pattern = (
-        r"step (\d+)/400 \(\d+%\) \| \d+ steps/s \| (\d+) updates/s \| last eval - \| ETA (\d+:\d\d:\d\d|-) \| 1 thread"
+@pytest.fixture
+def progress_in_a_log(monkeypatch):
+    """A function that sends stdout to a Log and gives the script (time.monotonic) and tqdm one fake clock, from
+    then until the test ends; it returns (the Log, the clock as a one-item list)."""
+    threads = torch.get_num_threads()
+
+    def start():
+        clock = [1000.0]
+        monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+        monkeypatch.setattr("tqdm.std.time", lambda: clock[0])
+        log = Log(clock)
+        monkeypatch.setattr(sys, "stdout", log)
+        return log, clock
+
+    yield start
+    torch.set_num_threads(threads)
+
+
+def advance(progress, clock, steps, seconds_per_step, updates_per_step, global_step, num_updates):
+    """`steps` env steps at a given speed, the progress told after each; returns the new (global_step, num_updates)."""
+    for _ in range(steps):
+        clock[0] += seconds_per_step
+        global_step, num_updates = global_step + 1, num_updates + updates_per_step
+        progress.update(global_step, num_updates)
+    return global_step, num_updates
+
+
+def eta_seconds(line):
+    """The seconds of a progress line's ETA (tqdm's [H:]MM:SS), or None for "ETA ?"."""
+    eta = re.search(r"ETA ([\d:]+|\?)", line).group(1)
+    return None if eta == "?" else sum(int(part) * 60**i for i, part in enumerate(reversed(eta.split(":"))))
+
+
+def test_progress_in_a_log(script, progress_in_a_log):
+    """Not a terminal (a log: a sweep, Slurm): no carriage returns, at most one progress line a minute, messages as
+    lines of their own; "ETA ?" until the first update, then an ETA from the speed of the phase the run is now in
+    (the updates' 10 steps/s, not the average with the random phase's 100 steps/s), and a postfix with the updates/s,
+    the last evaluation and the threads. (Fake clocks: a run of 11 minutes in a moment.)"""
+    log, clock = progress_in_a_log()
+    module = importlib.import_module(script)
+    total = 100_000
+    torch.set_num_threads(1)  # as Run sets --torch-threads 1
+    progress = module.Progress(module.Args(total_timesteps=total, torch_threads=1), 0, 0, "-")
+    step, updates = advance(progress, clock, 8000, 0.01, 0, 0, 0)  # 80 s of random steps
+    first_update = clock[0]
+    step, updates = advance(progress, clock, 6000, 0.1, 1, step, updates)  # 600 s of updates
+    progress.say("step 14000/100000 | eval return 1.0 +- 0.0", sys.stdout)
+    lines = log.lines()
+    progress.bar.close()  # as the run's end: at most one line more, the final state
+    assert len(log.lines()) - len(lines) <= 1
+    assert not any("\r" in text for _, text in log.writes), log.writes
+    assert [line for _, line in lines if "eval return" in line] == ["step 14000/100000 | eval return 1.0 +- 0.0"]
+    bars = [(time_, line) for time_, line in lines if "ETA" in line]
+    assert 9 <= len(bars) <= 12, bars  # about one a minute in 680 s, none before the first minute
+    assert all(b[0] - a[0] >= 60 - 1e-6 for a, b in zip(bars, bars[1:])), bars
+    assert bars[0][0] >= 1060 - 1e-6
+    for time_, line in bars:
+        n = int(re.search(r"(\d+)/100000", line).group(1))
+        if time_ < first_update:
+            assert eta_seconds(line) is None, line
+        else:
+            assert eta_seconds(line) == pytest.approx((total - n) / 10, rel=0.05), line
+    assert bars[-1][1].endswith("10 updates/s, last eval -, 1 thread]"), bars[-1]
+
+
+def test_progress_after_resume(script, tmp_path, monkeypatch, progress_in_a_log):
+    """A resumed run's progress starts from the checkpoint's step, update count and last evaluation (Run passes them
+    on), and its speeds and ETA count only this process's steps and updates, not the checkpoint's as if made in its
+    first seconds."""
+    module = importlib.import_module(script)
+    half_steps, steps = (1000, 2000) if script == "erl_td3" else (300, 400)
+    half = straight_run(script, tmp_path, monkeypatch, total_timesteps=half_steps, eval_freq=100)
+    checkpoint = load_checkpoint(half["run_dir"])
+    init, started = module.Progress.__init__, []
+
+    def recording(self, *args, **kwargs):
+        started.append(inspect.signature(init).bind(self, *args, **kwargs).arguments)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(module.Progress, "__init__", recording)
+    resume = Path(half["run_dir"]) / "checkpoint.pt"
+    straight_run(script, tmp_path, monkeypatch, total_timesteps=steps, eval_freq=0, resume=resume)
+    (given,) = started
+    last_eval = f"{half['eval_mean']:.1f} +- {half['eval_std']:.1f}"
+    assert (given["global_step"], given["num_updates"], given["last_eval"]) == (
+        checkpoint["loop"]["global_step"],
+        checkpoint["loop"]["num_updates"],
+        last_eval,
     )
-    assert lines
-    assert all(re.fullmatch(pattern, line) for line in lines), lines
-    if script != "erl_td3":  # ERL reports at its generations' ends and has no random phase
-        assert min(int(re.fullmatch(pattern, line).group(1)) for line in lines) <= 200  # before learning starts
+    # The progress of a run resumed at step 50,000 after 40,000 updates: 10 steps and updates a second from here on.
+    monkeypatch.setattr(module.Progress, "__init__", init)
+    log, clock = progress_in_a_log()
+    torch.set_num_threads(1)
+    progress = module.Progress(module.Args(total_timesteps=100_000, torch_threads=1), 50_000, 40_000, last_eval)
+    advance(progress, clock, 700, 0.1, 1, 50_000, 40_000)
+    bars = [line for _, line in log.lines() if "ETA" in line]
+    progress.bar.close()
+    assert bars
+    for line in bars:
+        assert re.search(r"\b10(\.0+)? ?steps?/s, 10 updates/s, last eval " + re.escape(last_eval), line), line
+        n = int(re.search(r"(\d+)/100000", line).group(1))
+        assert eta_seconds(line) == pytest.approx((100_000 - n) / 10, rel=0.05), line
 
 
 def test_threads_follow_what_other_processes_leave_idle(script, monkeypatch):
@@ -211,9 +353,9 @@ def test_threads_follow_what_other_processes_leave_idle(script, monkeypatch):
     idle, and fewer at once as other processes use them (a core a fifth used counts as busy); one where the system
     does not say."""
     module = importlib.import_module(script)
-    # (time, busy CPU seconds of this process's 4 CPUs, this process's CPU seconds, CPUs): others use 0.1, 0.1,
-    # 2.0, then 2.9 of them.
-    readings = [(0, 0, 0, 4), (10, 20, 19, 4), (20, 40, 38, 4), (30, 80, 58, 4), (40, 119, 68, 4), None]
+    # (time, CPU seconds other processes used of this process's 4 CPUs, CPUs): others use 0.1, 0.1, 2.0, then 2.9 of
+    # them.
+    readings = [(0, 0, 4), (10, 1, 4), (20, 2, 4), (30, 22, 4), (40, 51, 4), None]
     monkeypatch.setattr(module.Threads, "reading", lambda self: readings.pop(0))
     threads = torch.get_num_threads()
     torch.set_num_threads(4)  # as torch's default on a 4-core machine
@@ -228,70 +370,119 @@ def test_threads_follow_what_other_processes_leave_idle(script, monkeypatch):
     assert chosen == [1, 1, 4, 2, 1, 1]
 
 
-def test_threads_where_the_system_does_not_say(script, tmp_path, monkeypatch, capsys):
-    """--torch-threads 0 without /proc/stat or an affinity (macOS): the run goes on with one thread, its progress
-    lines saying so."""
+def test_threads_where_the_system_does_not_say(script, monkeypatch, progress_in_a_log):
+    """--torch-threads 0 without /proc/stat or an affinity (macOS): the run goes on with one thread (not torch's
+    default of 4 here), its progress lines saying so."""
+    log, clock = progress_in_a_log()
     module = importlib.import_module(script)
     monkeypatch.setattr(module.Threads, "reading", lambda self: None)
-    fake_clock(module, monkeypatch)
-    clock = itertools.count(start=0.0, step=3.0)  # a check every reading
-    monkeypatch.setattr(module.time, "monotonic", lambda: next(clock))
-    run_main(script, flags_with(TINY, torch_threads=0, eval_freq=0), tmp_path, monkeypatch)
-    lines = [line for line in capsys.readouterr().out.splitlines() if "steps/s" in line]
-    assert lines
-    assert all(line.endswith("| 1 thread") for line in lines), lines
+    torch.set_num_threads(4)
+    progress = module.Progress(module.Args(total_timesteps=100_000, torch_threads=0), 0, 0, "-")
+    advance(progress, clock, 3000, 0.1, 1, 0, 0)
+    progress.bar.close()
+    bars = [line for _, line in log.lines() if "ETA" in line]
+    assert bars
+    assert all(line.endswith("updates/s, last eval -, 1 thread]") for line in bars), bars
+    assert torch.get_num_threads() == 1
 
 
 def test_threads_beside_busy_processes(script):
-    """The rule's reading of the system, live: one busy process on each CPU this process may use leaves one thread."""
+    """The rule's reading of the system, live: one busy process on each CPU this process may use leaves one thread
+    (from as many threads as CPUs)."""
     module = importlib.import_module(script)
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in os.sched_getaffinity(0)]
+    cpus = len(os.sched_getaffinity(0))
+    if cpus < 2:
+        pytest.skip("one CPU: one thread either way")
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cpus)]
     threads = torch.get_num_threads()
     try:
         time.sleep(0.5)  # the busy processes running
         rule = module.Threads()
-        time.sleep(1.0)
         assert rule.last is not None  # Linux says: /proc/stat and the affinity
-        assert rule.fits(rule.reading()) == 1
+        torch.set_num_threads(cpus)
+        time.sleep(1.0)
+        rule.choose()
+        assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(threads)
         for process in busy:
             process.kill()
+            process.wait()
 
 
-def test_progress_after_resume(script, tmp_path, monkeypatch, capsys):
-    """A resumed run's first progress line counts only its own updates (not the checkpoint's as if made in the first
-    seconds) and shows the checkpoint's last evaluation."""
-    half_steps, steps = (1000, 2000) if script == "erl_td3" else (300, 400)
-    half = straight_run(script, tmp_path, monkeypatch, total_timesteps=half_steps, eval_freq=100)
-    fake_clock(importlib.import_module(script), monkeypatch)
-    capsys.readouterr()
-    straight_run(
-        script,
-        tmp_path,
-        monkeypatch,
-        total_timesteps=steps,
-        eval_freq=0,
-        resume=Path(half["run_dir"]) / "checkpoint.pt",
+def test_progress_in_a_log_file(script, tmp_path):
+    """A run through the command line with its output to a pipe (as to a log file): no carriage return anywhere, the
+    run's first line, one line per evaluation (those of evaluations.csv), no progress line in a run shorter than a
+    minute (at most one a minute), and the closing line last."""
+    started = time.monotonic()
+    result = run_cli(script, flags_with(TINY, eval_freq=100), tmp_path)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert "\r" not in result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert lines[0].startswith(f"run {run_dir}: ")
+    evaluations = [line for line in lines if " | eval return " in line]
+    assert [line.split("/")[0] for line in evaluations] == [
+        f"step {r['global_step']}" for r in read_evaluations(run_dir)
+    ]
+    assert len([line for line in lines if "ETA" in line]) <= elapsed // 60, lines
+    assert re.fullmatch(
+        rf"finished 400 steps in \d+:\d\d:\d\d: final eval .+ \+- .+; {re.escape(str(run_dir))}", lines[-1]
     )
-    line = next(line for line in capsys.readouterr().out.splitlines() if "steps/s" in line)
-    sps, ups, last = re.search(r"\| (\d+) steps/s \| (\d+) updates/s \| last eval (.+) \| ETA", line).groups()
-    assert int(ups) <= int(sps) + 1, line
-    assert last == f"{half['eval_mean']:.1f} +- {half['eval_std']:.1f}", line
 
 
-def test_progress_on_a_terminal(script, tmp_path, monkeypatch, capsys):
-    """On a terminal the progress line is rewritten in place and fits its width, an evaluation line replaces it, and
-    the run ends with a closing line (final evaluation, wall time, directory), leaving the cursor on a fresh line."""
-    fake_clock(importlib.import_module(script), monkeypatch)
-    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
-    monkeypatch.setenv("COLUMNS", "60")  # a 400-step run's line is 76 characters: narrow enough to drop fields
-    run_main(script, flags_with(TINY, eval_freq=0), tmp_path, monkeypatch)
-    out = capsys.readouterr().out
-    assert "\r\033[Kstep " in out
-    assert re.search(r"\r\033\[Kstep \d+/400 \| eval return ", out)  # the final evaluation, over the progress line
-    assert out.endswith("\n")
-    progress = [part for part in out.replace("\n", "\r").split("\r") if "steps/s" in part]
-    assert progress
-    assert all(len(part.removeprefix("\033[K")) < 60 and "ETA" in part for part in progress), progress  # no wrap
-    assert re.search(r"\nfinished 400 steps in \d+:\d\d:\d\d: final eval .+; .+\n$", out), out[-300:]
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def run_on_a_terminal(script, flags, cwd, columns=80, timeout=600):
+    """Run a script through its command line with stdout and stderr on a pseudo-terminal of `columns` columns;
+    returns its exit status and everything it wrote there."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    env = {name: value for name, value in cli_env().items() if name not in ("COLUMNS", "LINES")}
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / f"{script}.py"), *flags], cwd=cwd, env=env, stdin=slave, stdout=slave, stderr=slave
+    )
+    os.close(slave)
+    out, deadline = b"", time.time() + timeout
+    try:
+        while time.time() < deadline:
+            if select.select([master], [], [], 1.0)[0]:
+                try:
+                    chunk = os.read(master, 1 << 16)
+                except OSError:  # EIO: every end of the terminal closed, the run gone
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            elif proc.poll() is not None:
+                break
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=60)
+    return proc.returncode, out.decode(errors="replace")
+
+
+def test_progress_on_a_terminal(script, tmp_path):
+    """On a terminal of 80 columns the progress bar is redrawn in place and every line of it fits the width (a wider
+    one would wrap, and each redraw would add a line); the evaluations' lines come above it, each a line of its own,
+    and the run ends with its closing line. (The run's own lines, which name its directory, may be wider: they are
+    written once and wrap as any text does.)"""
+    flags = flags_with(TINY, total_timesteps=1500, eval_freq=500, eval_episodes=1, checkpoint_freq=0)
+    status, out = run_on_a_terminal(script, flags, tmp_path)
+    assert status == 0, out
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    parts = [part for part in re.split(r"[\r\n]", ANSI.sub("", out)) if part.strip()]
+    own = re.compile(r"(run |resumed |finished |step \d+/1500 \| eval return )")
+    bars = [part for part in parts if not own.match(part)]
+    assert len([part for part in bars if "ETA" in part]) >= 2, out  # drawn, and redrawn
+    assert all(len(part) <= 80 for part in bars), [part for part in bars if len(part) > 80]
+    evaluations = [part for part in parts if own.match(part) and "eval return" in part]
+    assert [part.split("/")[0] for part in evaluations] == [
+        f"step {r['global_step']}" for r in read_evaluations(run_dir)
+    ]
+    assert all(re.fullmatch(r"step \d+/1500 \| eval return \S+ \+- \S+", part) for part in evaluations), evaluations
+    assert re.fullmatch(rf"finished 1500 steps in \d+:\d\d:\d\d: final eval .+; {re.escape(str(run_dir))}", parts[-1])

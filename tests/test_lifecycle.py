@@ -1,7 +1,8 @@
-"""The run lifecycle made to fail for real (issue 19): resume with the checkpoint's flags, one writer per run
+"""The run lifecycle made to fail for real (issues 19 and 35): resume with the checkpoint's flags, one writer per run
 directory, signals wherever the run is (training, an evaluation), non-finite rewards, envs without a time limit,
 --capture-video without what it needs, a full disk and a read-only directory. Each fault must end in one line and no
-traceback, and leave files that parse and a checkpoint that resumes. Bad input that is refused before anything is
+traceback, and leave files that parse and a checkpoint that resumes (a directory made read-only or removed in mid-run
+may end in a traceback, issue 35: there only the checkpoint is checked). Bad input that is refused before anything is
 written: tests/test_bad_input.py."""
 
 import csv
@@ -37,14 +38,15 @@ def the_run_dir(cwd):
 
 def assert_whole(run_dir):
     """Every file a run leaves parses: args.json, evaluations.csv (a header and rows of five fields), checkpoint.pt;
-    and no temp file is left behind."""
+    no temp file (path.tmp) is left behind, and no lock: a run that ended, however it ended, gave its directory up."""
     json.loads((run_dir / "args.json").read_text())
     rows = list(csv.reader(open(run_dir / "evaluations.csv")))
     assert rows[0][:5] == ["global_step", "wall_time_s", "mean_return", "std_return", "returns"]  # ERL: 2 more
     assert all(len(row) == len(rows[0]) for row in rows)
     if (run_dir / "checkpoint.pt").exists():
         load_checkpoint(run_dir)
-    assert not list(run_dir.glob(".*.tmp"))
+    assert not list(run_dir.glob("*.tmp")), list(run_dir.iterdir())
+    assert not (run_dir / "lock").exists(), "the run ended and left its lock"
 
 
 def one_error_line(stderr, expected):
@@ -187,16 +189,17 @@ def test_signal_during_an_evaluation(script, tmp_path):
     assert steps == ([3000] if script == "erl_td3" else [100, 200])
 
 
-# A slow disk: the temp file of each write of SLOW_FILE is made 2 s late, after a marker file says it began.
+# A slow disk: the temp file (path.tmp) of each write of SLOW_FILE is opened 2 s late, after a marker file says it
+# began.
 SLOW_WRITE = """
-import os, tempfile, time
-make = tempfile.mkstemp
-def slow(*args, prefix="", **kwargs):
-    if prefix.startswith("." + os.environ["SLOW_FILE"] + "."):
-        open("writing_slowly", "w").close()
+import builtins, os, time
+opened = builtins.open
+def slow(file, *args, **kwargs):
+    if isinstance(file, str) and file.endswith(os.sep + os.environ.get("SLOW_FILE", "?") + ".tmp"):
+        opened("writing_slowly", "w").close()
         time.sleep(2)
-    return make(*args, prefix=prefix, **kwargs)
-tempfile.mkstemp = slow
+    return opened(file, *args, **kwargs)
+builtins.open = slow
 """
 
 
@@ -270,9 +273,9 @@ def test_env_without_a_time_limit(script, tmp_path):
 
 
 def test_video_without_what_it_needs(script, tmp_path):
-    """--capture-video without its video package (moviepy hidden), on MuJoCo a render backend that works (MUJOCO_GL
-    naming none), or a videos/ it can write (a file of that name): one line before anything is written. Without
-    --capture-video nothing renders, so the same MUJOCO_GL stops nothing."""
+    """--capture-video without its video package (moviepy hidden) or, on MuJoCo, a render backend that works
+    (MUJOCO_GL naming none): one line before anything is written. Without --capture-video nothing renders, so the
+    same MUJOCO_GL stops nothing. (A file where videos/ should go is no longer checked beforehand: issue 35.)"""
     mujoco = script != "sac_discrete"
     flags = flags_with(TINY, env_id="InvertedPendulum-v4" if mujoco else "CartPole-v1", total_timesteps=250)
     hidden = tmp_path / "hidden" / "moviepy"
@@ -280,10 +283,7 @@ def test_video_without_what_it_needs(script, tmp_path):
     (hidden / "__init__.py").write_text("raise ImportError('No module named moviepy')")
     cases = [({"PYTHONPATH": with_path(hidden.parent)}, "--capture-video cannot record")]
     cases += [({"MUJOCO_GL": "nosuch"}, "to record video (MUJOCO_GL=nosuch): invalid value")] if mujoco else []
-    cases += [({"VIDEOS_A_FILE": "1"}, f"cannot write its videos: {tmp_path / 'videos'} is not a writable directory")]
     for env, expected in cases:
-        if "VIDEOS_A_FILE" in env:
-            (tmp_path / "videos").write_text("a file where videos/ should go")
         process = start_cli(script, flags + ["--capture-video"], tmp_path, **env)
         stderr = process.communicate(timeout=300)[1]
         assert process.returncode == 1, stderr
@@ -330,9 +330,9 @@ def test_read_only_directory(script, tmp_path):
 
 
 def test_run_directory_made_read_only_in_mid_run(script, tmp_path):
-    """The run's directory made read-only after its first checkpoint (TensorBoard's next write fails first): one line
-    naming the file, no traceback (neither the run's nor TensorBoard's writer thread's); the checkpoint resumes once
-    the directory is writable again."""
+    """The run's directory made read-only after its first checkpoint: the run stops (non-zero; it may end in a
+    traceback, which issue 35 accepts for this exotic case), and the checkpoint written before stays whole: it loads,
+    and resumes once the directory is writable again."""
     if os.geteuid() != 0 and not os.environ.get("CI"):
         pytest.skip("a read-only bind mount needs root (CI runs as root)")
     proc = start_cli(script, flags_with(TINY, total_timesteps=10**6, eval_freq=0), tmp_path)
@@ -355,30 +355,31 @@ def test_run_directory_made_read_only_in_mid_run(script, tmp_path):
             subprocess.run(["umount", str(run_dir)], check=True)
     finally:
         proc.kill()
-    assert proc.returncode == 1
-    one_error_line(stderr, f"error: {run_dir}/")
-    assert "Read-only file system; the run stopped" in stderr
+    assert proc.returncode != 0, stderr
     step = load_checkpoint(run_dir)["global_step"]
+    assert step > 0
     resumed = run_cli(
         script, ["--resume", str(run_dir / "checkpoint.pt"), "--total-timesteps", str(step + 100)], tmp_path
     )
     assert resumed.returncode == 0, resumed.stderr
 
 
-def test_full_disk_named_while_the_temp_file_holds_the_space(script, tmp_path, monkeypatch):
+def test_full_disk_named_while_the_temp_file_holds_the_space(script, tmp_path, monkeypatch, capsys):
     """A failed write that filled the disk is named as such even when deleting its temp file gives much back (torch's
     own words for it, "unexpected pos", say nothing of a disk): the space is read while the temp file still holds it."""
     module = __import__(script)
     usage = module.shutil.disk_usage
-    free = lambda path: usage(path)._replace(free=0 if list(tmp_path.glob(".*.tmp")) else 2**30)  # noqa: E731
+    free = lambda path: usage(path)._replace(free=0 if list(tmp_path.glob("*.tmp")) else 2**30)  # noqa: E731
     monkeypatch.setattr(module.shutil, "disk_usage", free)
 
     def write(f):
         f.write(b"part of a checkpoint")
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 2161984 vs 2161872")
 
-    with pytest.raises(SystemExit, match="checkpoint.pt: no space left"):
+    with pytest.raises(SystemExit) as exit_info:
         module.write_atomically(str(tmp_path / "checkpoint.pt"), write, mode="wb")
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err == f"error: cannot write {tmp_path / 'checkpoint.pt'}: no space left\n"
     assert not list(tmp_path.iterdir())
 
 
@@ -390,7 +391,9 @@ def test_resume_into_a_due_evaluation_with_unlogged_metrics(script, tmp_path):
     run_dir = the_run_dir(tmp_path)
     checkpoint = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
     step = checkpoint["loop"]["global_step"]
-    checkpoint["run"]["metrics"] = [(1, step, torch.ones(len(checkpoint["run"]["metric_names"])))]
+    names = checkpoint["run"]["metrics"]["names"]  # (a finished run's checkpoint holds none unlogged: count 0)
+    assert names
+    checkpoint["run"]["metrics"] = {"names": names, "sum": torch.ones(len(names)), "count": 1, "window": [1, step] * 2}
     checkpoint["run"]["evaluation_due"] = True
     torch.save(checkpoint, run_dir / "checkpoint.pt")
     resume = ["--resume", str(run_dir / "checkpoint.pt"), "--total-timesteps", str(step + 50)]

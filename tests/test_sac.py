@@ -1,6 +1,5 @@
 """Unit tests of the parts of SAC that are easy to get subtly wrong, continuous and discrete, and the Atari path."""
 
-import io
 import math
 
 import gymnasium as gym
@@ -163,7 +162,7 @@ def test_evaluation_of_a_policy_that_never_fires_ends_in_breakout():
         steps.append(1)
         return torch.zeros(len(obs), dtype=torch.long)
 
-    returns = sac_discrete.evaluate(noop, "BreakoutNoFrameskip-v4", 1, 0, torch.device("cpu"))
+    returns = sac_discrete.evaluate(noop, "BreakoutNoFrameskip-v4", 1, 0, torch.device("cpu"), stop=lambda: False)
     assert len(steps) < 2000, len(steps)
     assert returns[0] >= 0
 
@@ -316,49 +315,18 @@ def test_frame_buffer_uploads_once_per_step_and_samples_valid_rows_uniformly(mon
     assert all(torch.equal(x, y) for x, y in zip(batch, rb.sample()))
 
 
-@pytest.fixture
-def host_memory(monkeypatch):
-    """The host's free memory as the memory check reads it (/proc/meminfo, no cgroup), set through the returned
-    dict's "free" (bytes), so that a test of the check does not depend on the machine it runs on."""
-    memory = {"free": 0}
-    opened = open
-
-    def fake_open(path, *rest):
-        if str(path) == "/proc/meminfo":
-            return io.StringIO(f"MemAvailable: {int(memory['free']) // 1024} kB\n")
-        if str(path).startswith("/sys/fs/cgroup"):
-            raise OSError("no cgroup")
-        return opened(path, *rest)
-
-    monkeypatch.setattr("builtins.open", fake_open)
-    return memory
-
-
-def test_pinned_frames_are_counted_as_the_allocator_rounds_them(monkeypatch, host_memory):
-    """Frames a GPU has no room for go to pinned host memory, whose allocator rounds each tensor up to a power of
-    two: 1e6 Atari transitions take 8.6 GB there instead of 7.1, beside the checkpoint's 7.1 GB host copy."""
-    args = sac_discrete.Args(buffer_size=1_000_000, batch_size=64)
-    meta = sac_discrete.FrameReplayBuffer(1_000_000, (4, 84, 84), 1, 64, torch.device("cuda"), torch.device("meta"))
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2**30, 2**30))
-    networks = lambda: [sac_discrete.Actor((4, 84, 84), 6)]  # noqa: E731
-    host_memory["free"] = 15.5e9  # enough for twice 7.1 GB, not for 8.6 + 7.1
-    with pytest.raises(SystemExit, match="free on the"):
-        sac_discrete.check_memory(torch.device("cuda"), args, networks, meta)
-    host_memory["free"] = 15.8e9
-    assert sac_discrete.check_memory(torch.device("cuda"), args, networks, meta).type == "cpu"
-
-
-def test_conv_activations_are_counted(host_memory):
-    """One update's activations of a conv layer are its channels x height x width per sample, not its biases (the
-    channels) alone: a batch of 200,000 Atari frames needs 324 GiB, which 20 GiB free refuses (counting the biases
-    alone, the run needed 11 GiB and passed); a batch of 64 fits."""
-    cpu = torch.device("cpu")
-    networks = lambda: [sac_discrete.Actor((4, 84, 84), 6)] + [sac_discrete.Critic((4, 84, 84), 6, 2)] * 2  # noqa: E731
-    buffer = sac_discrete.FrameReplayBuffer(200_000, (4, 84, 84), 1, 200_000, cpu, torch.device("meta"))
-    host_memory["free"] = 20 * 2**30
-    check = lambda batch_size: sac_discrete.check_memory(  # noqa: E731
-        cpu, sac_discrete.Args(buffer_size=200_000, batch_size=batch_size), networks, buffer
-    )
-    with pytest.raises(SystemExit, match=r"needs 32\d\.\d GiB, more than the 20\.0 GiB free on the cpu"):
-        check(200_000)
-    assert check(64) == cpu
+def test_frames_without_room_on_the_gpu_go_to_pinned_host_memory(monkeypatch, host_memory):
+    """Atari frames a GPU has no room for go to pinned host memory, whose allocator rounds each tensor up to a power
+    of two (twice the bytes at most), beside the checkpoint's host copy: three times the buffer's bytes on the host.
+    With less there, or for a vector replay (never moved), the run is refused naming the GPU's memory."""
+    cuda, gib = torch.device("cuda"), 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (gib, 24 * gib))
+    frames = 7.1e9  # 1e6 Atari transitions, each frame stored once
+    host_memory["free"] = 3 * frames + 2**20  # (read in kB)
+    assert sac_discrete.check_memory(cuda, frames, frames=True) == torch.device("cpu")
+    assert sac_discrete.check_memory(cuda, 0.5 * gib, frames=True) == cuda  # room on the GPU: it stays there
+    with pytest.raises(SystemExit):
+        sac_discrete.check_memory(cuda, frames, frames=False)
+    host_memory["free"] = 3 * frames - 2**20
+    with pytest.raises(SystemExit):
+        sac_discrete.check_memory(cuda, frames, frames=True)

@@ -275,11 +275,11 @@ def test_offline_refuses_a_bad_dataset(case, tmp_path, monkeypatch, capsys):
     ]
     with pytest.raises(SystemExit) as exit_info:
         run_main("td7_continuous", flags, tmp_path, monkeypatch)
+    assert exit_info.value.code == 1
     assert (
-        exit_info.value.code
-        == f"error: --dataset {tmp_path / 'data.npz'}" + (" " if "fewer" in case else ": ") + expected
-    )  # sys.exit with a message: that one line on stderr, exit status 1
-    assert capsys.readouterr().err == ""
+        capsys.readouterr().err
+        == f"error: --dataset {tmp_path / 'data.npz'}" + (" " if "fewer" in case else ": ") + expected + "\n"
+    )  # that one line on stderr
     assert not (tmp_path / "runs").exists()
 
 
