@@ -757,9 +757,9 @@ def check_env(args):
         fail(f"{args.env_id} has {obs_space} observations; this script needs a flat vector (Box of one dimension)")
     try:
         if args.capture_video:  # once here, as RecordVideo will: a frame, and moviepy to write it
+            importlib.import_module("moviepy")
             env.reset(seed=0)
             env.render()
-            importlib.import_module("moviepy")
     except Exception as e:
         fail(f"--capture-video cannot record {args.env_id}", e)
     env.close()
@@ -842,7 +842,8 @@ def check_memory(device, buffer_bytes):
         free["cpu"] = min(free["cpu"], int(limit) - int(open("/sys/fs/cgroup/memory.current").read()))
     if device.type == "cuda":
         free["cuda"] = torch.cuda.mem_get_info(device)[0]
-    need = {device.type: buffer_bytes, "cpu": buffer_bytes}  # on a GPU, and a checkpoint's copy on the host
+    need = {device.type: buffer_bytes}
+    need["cpu"] = need.get("cpu", 0) + buffer_bytes  # and a checkpoint's copy on the host
     for kind in (kind for kind in need if need[kind] > free[kind]):
         fail(f"the replay buffer needs {need[kind] / 2**30:.1f} GiB, more than the {free[kind] / 2**30:.1f} GiB "
              f"free on the {kind}; lower --buffer-size or --batch-size")
@@ -1075,10 +1076,10 @@ class Progress:
             self.steps, self.updates, self.checked = global_step, num_updates, now
         self.bar.update(global_step - self.bar.n)
 
-    def say(self, line, file=sys.stdout):
-        """A line of its own; on a terminal above the bar."""
+    def say(self, line, file=None):
+        """A line of its own (on stdout unless `file`); on a terminal above the bar."""
         with contextlib.suppress(OSError):  # a terminal gone (SIGHUP) cannot stop the run from saving and ending
-            tqdm.write(line, file=file) if self.tty else print(line, file=file, flush=True)
+            tqdm.write(line, file=file or sys.stdout) if self.tty else print(line, file=file or sys.stdout, flush=True)
 
 
 class Run:

@@ -555,9 +555,8 @@ def main(args):
              "episode_return": np.zeros(args.num_envs), "episode_length": np.zeros(args.num_envs, dtype=np.int64),
              "actor_loss": torch.zeros(())}  # the last: the policy is updated less often
     loop = restore(checkpoint, state, envs.envs, start) if checkpoint else start
-    global_step, num_updates, updates_due, allow_train, actor_loss = (
-        loop[name] for name in ("global_step", "num_updates", "updates_due", "allow_train", "actor_loss"))
-    obs, episode_return, episode_length = (loop[name] for name in EPISODE_VALUES)
+    global_step, num_updates, updates_due, allow_train, actor_loss, obs, episode_return, episode_length = (loop[name]
+        for name in ("global_step", "num_updates", "updates_due", "allow_train", "actor_loss", *EPISODE_VALUES))
     obs_on_device = upload(obs, device)
     metrics = {"actor_loss": actor_loss.to(device)}  # the last of each
     run = Run(args, checkpoint, device)
@@ -737,9 +736,9 @@ def check_env(args):
         fail(f"{args.env_id} has {obs_space} observations; this script needs a flat vector (Box of one dimension)")
     try:
         if args.capture_video:  # once here, as RecordVideo will: a frame, and moviepy to write it
+            importlib.import_module("moviepy")
             env.reset(seed=0)
             env.render()
-            importlib.import_module("moviepy")
     except Exception as e:
         fail(f"--capture-video cannot record {args.env_id}", e)
     env.close()
@@ -822,7 +821,8 @@ def check_memory(device, buffer_bytes):
         free["cpu"] = min(free["cpu"], int(limit) - int(open("/sys/fs/cgroup/memory.current").read()))
     if device.type == "cuda":
         free["cuda"] = torch.cuda.mem_get_info(device)[0]
-    need = {device.type: buffer_bytes, "cpu": buffer_bytes}  # on a GPU, and a checkpoint's copy on the host
+    need = {device.type: buffer_bytes}
+    need["cpu"] = need.get("cpu", 0) + buffer_bytes  # and a checkpoint's copy on the host
     for kind in (kind for kind in need if need[kind] > free[kind]):
         fail(f"the replay buffer needs {need[kind] / 2**30:.1f} GiB, more than the {free[kind] / 2**30:.1f} GiB "
              f"free on the {kind}; lower --buffer-size or --batch-size")
@@ -1052,10 +1052,10 @@ class Progress:
             self.steps, self.updates, self.checked = global_step, num_updates, now
         self.bar.update(global_step - self.bar.n)
 
-    def say(self, line, file=sys.stdout):
-        """A line of its own; on a terminal above the bar."""
+    def say(self, line, file=None):
+        """A line of its own (on stdout unless `file`); on a terminal above the bar."""
         with contextlib.suppress(OSError):  # a terminal gone (SIGHUP) cannot stop the run from saving and ending
-            tqdm.write(line, file=file) if self.tty else print(line, file=file, flush=True)
+            tqdm.write(line, file=file or sys.stdout) if self.tty else print(line, file=file or sys.stdout, flush=True)
 
 
 class Run:
