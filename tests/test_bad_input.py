@@ -69,7 +69,7 @@ LIFECYCLE = {
     "empty resume": (["--resume", ""], "--resume needs the path"),
     "too many evaluation episodes": (["--eval-episodes", "1000000000"], "--eval-episodes must be at most 1000"),
     "batch larger than memory": (
-        ["--batch-size", "100000000", "--buffer-size", "100000000"],
+        ["--batch-size", "1000000000", "--buffer-size", "1000000000"],  # the batch and the rows: beyond any host
         "lower --buffer-size or --batch-size",
     ),
 }
