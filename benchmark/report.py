@@ -3,17 +3,17 @@
     python benchmark/report.py sweeps/td3_continuous sweeps/sac_continuous --steps 100000 --out benchmark/results
     python benchmark/report.py runs --steps 300000 1000000 --iqm --seed-lines
 
-It reads the directories it is given: each a sweep's directory (holding runs/) or a folder of run directories.
-For each algorithm (the run's exp_name) and env, and each step S of --steps, a run's score is the mean return
-of its last evaluation at or before S, counted only if the run reached S; with several runs of one seed, the one
-that went furthest counts. Over seeds the table gives the mean and a 95% confidence interval (Student's t; with
---iqm, the interquartile mean instead of the mean), how many seeds reached S, and the reference numbers of
-benchmark/reference.csv for that algorithm, env and step. A last table gives each seed's last and best
-evaluation. The curves (one PNG per env, one colour per algorithm: the mean over the seeds that reached each
-evaluation step, shaded between the lowest and highest seed, the reference numbers as markers at their step, and
-the published learning curves of benchmark/reference_curves.csv as grey bands of mean +- sd, which the tables
-quote at their steps too) need matplotlib, the optional `plot` extra; without it the tables are written and the
-plots skipped.
+It reads the directories it is given: each a sweep's directory (holding runs/) or a folder of run directories. For
+each algorithm (the run's exp_name) and env, and each step S of --steps (by default the last step that every run
+reached), a run's score is the mean return of its last evaluation at or before S, counted only if the run reached S;
+with several runs of one seed, the one that went furthest counts. Over seeds the table gives the mean and a 95%
+confidence interval (Student's t; with --iqm, the interquartile mean instead of the mean), how many seeds reached S,
+and the reference numbers of benchmark/reference.csv for that algorithm, env and step. A last table gives each
+seed's last and best evaluation. The curves (one PNG per env, one colour per algorithm: the mean over the seeds that
+reached each evaluation step, shaded between the lowest and highest seed, the reference numbers as markers at their
+step, and the published learning curves of benchmark/reference_curves.csv as grey bands of mean +- sd, which the
+tables quote at their steps too) need matplotlib, the optional `plot` extra; without it the tables are written and
+the plots skipped.
 """
 
 import argparse
@@ -306,7 +306,9 @@ def main(argv=None):
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     parser.add_argument("directories", nargs="+", help="sweep directories (holding runs/) or folders of runs")
-    parser.add_argument("--steps", nargs="+", type=int, default=[300_000, 1_000_000], help="the steps of the tables")
+    parser.add_argument(
+        "--steps", nargs="+", type=int, help="the steps of the tables (default: the last step every run reached)"
+    )
     parser.add_argument("--iqm", action="store_true", help="interquartile mean over seeds instead of the mean")
     parser.add_argument(
         "--out",
@@ -319,6 +321,7 @@ def main(argv=None):
     runs = read_runs(*args.directories)
     if not runs:
         raise SystemExit(f"error: no runs with an evaluations.csv in {', '.join(args.directories)}")
+    steps = args.steps or [min(st[-1] for group in runs.values() for _, st, _ in group)]
     Path(args.out).mkdir(parents=True, exist_ok=True)
     report = Path(args.out) / "report.md"
     left_out = (
@@ -328,7 +331,7 @@ def main(argv=None):
     )
     report.write_text(
         f"# Returns from {', '.join(args.directories)}\n\n"
-        + table(runs, args.steps, args.iqm)
+        + table(runs, steps, args.iqm)
         + left_out
         + "\n"
         + seed_table(runs)

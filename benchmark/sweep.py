@@ -78,23 +78,19 @@ def exp_name_of(script, flags):
     return flags[flags.index("--exp-name") + 1] if "--exp-name" in flags else Path(script).stem
 
 
+def run_command(script, env_id, seed, flags, threads, checkpoint=None):
+    """The command line of one run (resuming `checkpoint` when given)."""
+    resume = ["--resume", str(Path(checkpoint).resolve())] if checkpoint else []
+    common = ["--env-id", env_id, "--seed", str(seed), "--torch-threads", str(threads)]
+    return [sys.executable, str(REPO / script), *common, *flags, *resume]
+
+
 def start_run(script, env_id, seed, flags, threads, directory, logs, checkpoint=None):
     """Start one run in the sweep's directory (so into its runs/), its output into the sweep's log of that run, in a
     session of its own: a signal reaches it only when the sweep passes it on."""
     log = Path(logs) / f"{exp_name_of(script, flags)}__{env_id.replace('/', '-')}__{seed}.log"
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    cmd = [
-        sys.executable,
-        str(REPO / script),
-        "--env-id",
-        env_id,
-        "--seed",
-        str(seed),
-        "--torch-threads",
-        str(threads),
-        *flags,
-        *(["--resume", str(Path(checkpoint).resolve())] if checkpoint else []),
-    ]
+    cmd = run_command(script, env_id, seed, flags, threads, checkpoint)
     with open(log, "a" if checkpoint else "w") as out:
         process = subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=directory, start_new_session=True
@@ -103,12 +99,13 @@ def start_run(script, env_id, seed, flags, threads, directory, logs, checkpoint=
 
 
 def last_line(log):
-    """The last line a run wrote to its log (its progress line), or ''."""
+    """The last line a run wrote to its log (its progress line, less the bar's blocks), or ''."""
     with contextlib.suppress(OSError):
         with open(log, "rb") as f:
             f.seek(max(0, os.path.getsize(log) - 4096))
             lines = f.read().decode(errors="replace").replace("\r", "\n").split("\n")
-            return next((line.strip() for line in reversed(lines) if line.strip()), "")
+            line = next((line.strip() for line in reversed(lines) if line.strip()), "")
+            return re.sub(r"^\s*\d+%\|[^|]*\|\s*", "", line)  # "25%|██▌       | 75000/300000 steps [...]"
     return ""
 
 
@@ -127,9 +124,10 @@ class Status:
     def update(self, done, failed, running):
         left = self.total - done - failed - len(running)
         counts = f"{done} done, {len(running)} running, {failed} failed, {left} to go"
-        if self.tty:
-            runs = " | ".join(f"{e} {s}: {last_line(log)[:40]}" for (e, s), (_, log) in running.items())
-            print("\r\033[K" + f"{counts} | {runs}"[: self.columns - 1], end="", flush=True)
+        if self.tty:  # each running run's last progress in an equal share of the terminal's width
+            share = max(10, (self.columns - 1 - len(counts)) // max(len(running), 1) - 3)
+            runs = "".join(f" | {f'{e} {s}: {last_line(log)}'[:share]}" for (e, s), (_, log) in running.items())
+            print("\r\033[K" + f"{counts}{runs}"[: self.columns - 1], end="", flush=True)
         elif counts != self.shown:
             print(counts, flush=True)
             self.shown = counts
@@ -150,7 +148,10 @@ def run_local(args, flags, runs):
         f"finished; {args.workers} at a time, {args.threads} torch thread{'s' if args.threads > 1 else ''} "
         f"each; logs in {Path(args.logs).resolve()}"
     )
-    if args.dry_run:
+    if args.dry_run:  # every run it would start or resume, as it would start it
+        for env_id, seed, checkpoint in todo:
+            cmd = run_command(args.script, env_id, seed, flags, args.threads, checkpoint)
+            status.say(f"{'resume' if checkpoint else 'start'} {env_id} seed {seed} in {args.dir}: {shlex.join(cmd)}")
         return
     stop = []  # the signal that stops the sweep, once one arrives
     handlers = {s: signal.signal(s, lambda signum, frame: stop.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -249,9 +250,12 @@ def run_slurm(args, flags, runs):
     print(f"{len(todo)} runs to submit, {len(runs) - len(todo)} already finished", flush=True)
     if not todo:
         return
+    job_file = Path(args.logs) / f"{exp_name}.sbatch"
+    if args.dry_run:  # the job it would submit; each task resumes its run's latest checkpoint if there is one
+        print(f"would submit {job_file}:\n{slurm_job(args, flags, todo)}", end="", flush=True)
+        return
     if shutil.which("sbatch") is None:
         sys.exit("error: --slurm needs Slurm's sbatch on the PATH; without it, leave --slurm out to run here")
-    job_file = Path(args.logs) / f"{exp_name}.sbatch"
     job_file.write_text(slurm_job(args, flags, todo))
     result = subprocess.run(
         ["sbatch", "--parsable", *(["--wait"] if args.wait else []), str(job_file)], capture_output=True, text=True
@@ -335,7 +339,7 @@ def main(argv=None):
             Path(folder).mkdir(parents=True, exist_ok=True)
         except OSError as e:
             sys.exit(f"error: cannot use {folder} as a sweep directory: {e.strerror}")
-    lock = None if args.slurm_task else lock_sweep(args.dir)  # a Slurm task runs under its array's sweep
+    lock = None if args.slurm_task or args.dry_run else lock_sweep(args.dir)  # a Slurm task: under its array's
     (run_slurm if args.slurm else run_local)(args, flags, runs)
     if lock is not None:
         os.close(lock)

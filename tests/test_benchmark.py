@@ -107,6 +107,11 @@ def test_stopping_a_sweep(signum, tmp_path):
     assert subprocess.run(["pgrep", "-f", name], capture_output=True).returncode == 1, "a run outlived its sweep"
     again = sweep_cli(tmp_path, "--seeds", "1", "2", "3", "--dry-run", *options, timeout=60)
     assert "3 runs to do (2 resumed), 0 already finished" in again.stdout, again.stdout
+    listed = again.stdout.splitlines()[1:]  # each run it would start or resume, as it would start it
+    for line, run, seed in zip(listed, [*runs, None], (1, 2, 3), strict=True):
+        assert line.startswith(f"{'resume' if run else 'start'} tests.toy_envs:Counter-v0 seed {seed} in s: "), line
+        assert f"--seed {seed} --torch-threads 1 --total-timesteps 1000000" in line, line
+        assert f"--exp-name {name}" in line and line.endswith(f" --resume {run / 'checkpoint.pt'}" if run else ""), line
 
 
 def test_sweep_matches_names_literally_and_refuses_what_it_cannot_use(tmp_path):
@@ -170,6 +175,28 @@ def test_sweep_on_slurm(tmp_path):
     assert "0 runs to submit, 2 already finished" in again.stdout
 
 
+def test_sweep_status_line_fits_the_terminal(tmp_path, monkeypatch, capsys):
+    """On a terminal the status line shares its width between the running runs' last progress lines (less the bar's
+    blocks), and never wraps."""
+    from benchmark import sweep as sweep_tool
+
+    progress = " 25%|██▌       | 75000/300000 steps [ETA 5:01:28, 12 steps/s, 12 updates/s, last eval 514.8 +- 2.8]"
+    logs = {("Hopper-v4", seed): (None, tmp_path / f"{seed}.log") for seed in (1, 2)}
+    for _, log in logs.values():
+        log.write_text("run ...\n" + progress + "\n")
+    for columns in (80, 240):
+        monkeypatch.setattr(sweep_tool.shutil, "get_terminal_size", lambda: os.terminal_size((columns, 24)))
+        status = sweep_tool.Status(2)
+        status.tty = True
+        status.update(0, 0, logs)
+        line = capsys.readouterr().out.split("\033[K")[-1]
+        assert len(line) <= columns - 1
+        assert line.count("Hopper-v4 ") == 2 and "█" not in line, line
+    assert line.endswith(
+        "Hopper-v4 2: 75000/300000 steps [ETA 5:01:28, 12 steps/s, 12 updates/s, last eval 514.8 +- 2.8]"
+    )
+
+
 def write_run(runs, algorithm, env_id, seed, rows):
     run = runs / f"{env_id}__{algorithm}__{seed}__0"
     run.mkdir(parents=True)
@@ -207,6 +234,8 @@ def test_report_numbers_and_plot(tmp_path):
     assert f"| td3_continuous | Hopper-v4 | 30.0 | {interval} | 3 of 5 reached | 3135 +- 360" in text
     assert report.iqm([8, 1, 7, 2, 6, 3, 5, 4]) == 4.5
     assert report.summarise([5.0]) == (5.0, None, 1)
+    report.main([str(runs), "--out", str(tmp_path / "default"), "--no-plots"])  # at the last step every run reached
+    assert "## At 100 env steps" in (tmp_path / "default" / "report.md").read_text()
     pytest.importorskip("matplotlib")
     report.main([str(runs), "--steps", "200", "--out", str(tmp_path / "out")])
     png = (tmp_path / "out" / "Hopper-v4.png").read_bytes()
