@@ -277,7 +277,7 @@ def plot_env(ax, runs, env_id, reference, seed_lines=False, curve_rows=()):
             ax.fill_between(at[shown], (mean - sd)[shown], (mean + sd)[shown], color="0.5", alpha=0.18, linewidth=0)
     ax.set(xlabel="env steps", ylabel="evaluation return")
     ax.set_title(f"{env_id}: mean over seeds, shaded from lowest to highest", fontsize="medium")
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0)  # beside: no curve hidden
 
 
 def curves(runs, out_dir, reference=None, seed_lines=False, curve_rows=None):
@@ -291,11 +291,10 @@ def curves(runs, out_dir, reference=None, seed_lines=False, curve_rows=None):
     curve_rows = read_reference(REFERENCE_CURVES) if curve_rows is None else curve_rows
     written = []
     for env_id in sorted({env for _, env in runs}):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+        fig, ax = plt.subplots(figsize=(10, 4.5))
         plot_env(ax, runs, env_id, reference, seed_lines, curve_rows)
-        fig.tight_layout()
         path = Path(out_dir) / f"{env_id.replace('/', '-').replace(':', '-')}.png"
-        fig.savefig(path, dpi=100)
+        fig.savefig(path, dpi=100, bbox_inches="tight")  # the axes and the legend beside them
         plt.close(fig)
         written.append(path)
     return written

@@ -293,6 +293,20 @@ def plotted(runs, env_id="CartPole-v1", reference=(), seed_lines=False, curve_ro
     return ax
 
 
+def test_the_legend_covers_no_curve(tmp_path):
+    """The legend is drawn beside the axes, so it hides no part of any curve, and the saved figure holds it whole."""
+    pytest.importorskip("matplotlib")
+    for seed in (1, 2):
+        write_run(
+            tmp_path, "td3_continuous", "Hopper-v4", seed, [(step, step / 10 + seed) for step in range(0, 1001, 100)]
+        )
+    ax = plotted(report.read_runs(tmp_path), "Hopper-v4")
+    legend, axes = ax.get_legend().get_window_extent(), ax.get_window_extent()
+    assert legend.x0 >= axes.x1, (legend, axes)
+    (path,) = report.curves(report.read_runs(tmp_path), tmp_path)
+    assert path.read_bytes().startswith(b"\x89PNG")
+
+
 def test_curves_of_seeds_of_different_lengths_span_all_of_them(tmp_path):
     """Seed 1 stops at 20k, seed 2 goes on to 50k: the curve runs from the first evaluation to the last (not a stub
     over the steps both cover), averages the seeds that reached each step, its band has the line's colour, and its
