@@ -1,24 +1,22 @@
 #!/usr/bin/env bash
-# The GPU check, in phases that each fit one command of the device machine (one H200; python3 3.12 with torch,
-# numpy, tensorboard, pytest, matplotlib, rich, but no gymnasium, mujoco or tyro, and nothing to download from):
+# The GPU check: the --cuda, --compile and --cudagraphs paths tested and timed on a machine with a CUDA GPU, in
+# phases (from the repository root, with the package installed: pip install ".[test]"):
 #
-#     bash benchmark/gpu_check.sh wheels     # HERE, once: the missing packages as wheels, into .whl/ (git-ignored)
-#     bash benchmark/gpu_check.sh tests      # there: install from .whl/; tests/test_gpu.py but --compile's
-#     bash benchmark/gpu_check.sh compile    # there: install; tests/test_gpu.py's --compile tests (cold compiles)
-#     bash benchmark/gpu_check.sh speed      # there: install; the speed table, 5 scripts x 3 modes
-#     bash benchmark/gpu_check.sh all        # there: tests, speed, compile in one command, in that order (the
-#                                            # table's compiled rows fill the cache the compile tests then use)
-#     bash benchmark/gpu_check.sh rehearse   # HERE: the same steps without CUDA (see below)
+#     bash benchmark/gpu_check.sh all        # tests, speed, compile in one command, in that order (the speed
+#                                            # table's compiled rows fill the cache that the compile tests then use)
+#     bash benchmark/gpu_check.sh tests      # tests/test_gpu.py, except its --compile tests
+#     bash benchmark/gpu_check.sh speed      # the speed table: 5 scripts x eager, cudagraphs, compile+cudagraphs
+#     bash benchmark/gpu_check.sh compile    # tests/test_gpu.py's --compile tests (cold compiles take minutes)
 #
-# With the device tool: run(command="bash benchmark/gpu_check.sh all", carry=[".whl"], timeout_s=560). One command
-# spends one machine start, and its phases share the compiled updates in $CACHE (a machine goes back 30 s after a
-# command, and its cache with it); what a phase wrote comes back even if the command runs out of time. Then, with a
-# fix, one phase again if the time left allows a start (4 minutes). Times: docs/fast_path.md, "The GPU check".
+# Without a CUDA GPU it stops with one line and exit status 1. For a GPU machine without internet access, first run
+#     bash benchmark/gpu_check.sh wheels     # with access: the packages as wheels (Python 3.12, x86_64) in .whl/
+# and copy .whl/ beside the checkout: every phase installs from it when it is there. `rehearse` runs the same steps
+# without CUDA (see below), to check the wheels and the scripts before a GPU is at hand.
 #
-# Everything goes under $OUT when it is set (the device tool's folder, the only one that comes back), else under
-# benchmark/results/gpu_check_DATE/: log.txt (every step's output), pytest.txt and pytest-compile.txt (pytest's
-# summary, its durations and exit status), speed.md (the table, a row as each run ends), status.txt (each step's exit status). The exit status
-# is non-zero when any step failed; no step's failure stops the next one.
+# Everything goes under $OUT when it is set, else under benchmark/results/gpu_check_DATE/: log.txt (every step's
+# output), pytest.txt and pytest-compile.txt (pytest's summary, its durations and exit status), speed.md (the table,
+# a row as each run ends), status.txt (each step's exit status). The exit status is non-zero when any step failed;
+# no step's failure stops the next one. Times and what to read in the files: docs/fast_path.md, "The GPU check".
 #
 # tests/test_gpu.py and the table run the same shapes (benchmark/speed.py's workload: batch 256, the default
 # networks and buffer), so each update is compiled once, into one inductor cache ($CACHE), for both.
@@ -63,7 +61,7 @@ download() {  # download DIR PYTHON_VERSION: the wheels, afresh
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$1" $WHEELS
 }
 
-install() {  # install DIR: as the device tool's README installs carried wheels
+install() {  # install DIR: the wheels into /tmp/site, without pip's index or their dependencies
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$1"/*.whl
 }
 
@@ -104,7 +102,7 @@ rehearse)
   step table table cpu eager compile
   ;;
 tests | compile | speed | all)
-  "$PYTHON" -c 'import torch; assert torch.cuda.is_available(), "no CUDA GPU"' || exit 1
+  "$PYTHON" -c 'import sys, torch; sys.exit(None if torch.cuda.is_available() else "error: no CUDA GPU")' || exit 1
   if [ -d .whl ]; then
     step install install .whl || exit 1
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}

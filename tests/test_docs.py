@@ -1,7 +1,8 @@
 """The documentation (README.md and docs/*.md) against the repository: every relative link names a file that exists
 (and an #anchor into a markdown file, one of its headings), every script has its page, and every --flag is a flag of
 the command it is written for: on a script's page, that script's unless the flag follows another command
-(`python benchmark/sweep.py ...`, `pip ...`). Fast: the scripts and tools are read with ast, never run."""
+(`python benchmark/sweep.py ...`, `pip ...`); and no speed (steps/s) or duration of a script, or of the test suite,
+is stated in two pages with different values. Fast: the scripts and tools are read with ast, never run."""
 
 import ast
 import re
@@ -161,4 +162,162 @@ def test_the_checks_find_a_broken_page(tmp_path):
         "td3_continuous.md: --no-such-flag is not a flag of td3_continuous.py",
         "td3_continuous.md: --zs-dim is not a flag of td3_continuous.py",
         "td3_continuous.md: --lmbda is not a flag of td3_continuous.py",
+    ]
+
+
+# A figure stated twice differently: the speed (steps/s) or a duration of one script on one device, in two pages.
+NAMES = {
+    "discrete SAC": "sac_discrete",
+    "ERL-TD3": "erl_td3",
+    "ERL": "erl_td3",
+    "TD7": "td7_continuous",
+    "TD3": "td3_continuous",
+    "SAC": "sac_continuous",
+    "test suite": "the test suite",
+    "pytest tests": "the test suite",
+    **{script: script for script in SCRIPTS},
+}
+NAME = re.compile("|".join(rf"\b{re.escape(n)}\b" for n in sorted(NAMES, key=len, reverse=True)))
+DIGITS = r"\d+(?:,\d{3})*(?:\.\d+)?"
+NUMBER = rf"(?<![\w.,-]){DIGITS}"  # not the 4 of "Hopper-v4"
+AMOUNT = rf"(?<!every )(?:about |~)?({NUMBER}(?:\s*(?:-|to)\s*{DIGITS})?)"  # "every 2 s" is a period, not a figure
+SPEED = re.compile(rf"{AMOUNT}\s+(?:env\s+)?steps/s")
+DURATION = re.compile(rf"{AMOUNT}\s*(seconds?|s|min|minutes?|hours?|days?)\b")
+SECONDS = {"s": 1, "min": 60, "h": 3600, "d": 86400}
+STEPS = re.compile(
+    rf"({NUMBER})\s*([kM])?[- ](?:env |random )?steps?\b|\b({NUMBER})([kM])\b|--total-timesteps[ =](\d+)"
+)
+GPU, CPU = re.compile(r"\bGPUs?\b|\bCUDA\b|\bH200\b"), re.compile(r"\bCPUs?\b|\bcores?\b")
+
+
+def number(text):
+    return float(text.replace(",", ""))
+
+
+def amount(text, scale=1):
+    """'154-162' or '154 to 162' -> (154.0, 162.0); '300' -> (300.0, 300.0); times scale."""
+    low, _, high = re.sub(r"\s*to\s*", "-", text).partition("-")
+    return (number(low) * scale, number(high or low) * scale)
+
+
+def workload(sentence, start):
+    """The step count of a duration at `start`: the largest one named before it in its sentence (a run's total, not
+    its random steps), else the largest one named after it, else None."""
+
+    def counts(text):
+        return [
+            number(m[1] or m[3] or m[5]) * {"k": 1e3, "M": 1e6}.get(m[2] or m[4], 1)
+            for m in STEPS.finditer(text)
+            if not (m[1] and "." in m[1] and not m[2])  # "1.5 steps" is no step count
+        ]
+
+    return max(counts(sentence[:start]) or counts(sentence), default=None)
+
+
+def device(sentence, start):
+    """'gpu' where the clause holding the figure (else its sentence) names only a GPU; 'cpu' otherwise."""
+    clause = re.split(r"[;(]", sentence[:start])[-1] + re.split(r"[;)]", sentence[start:])[0]
+    for text in (clause, sentence):
+        if GPU.search(text) and not CPU.search(text):
+            return "gpu"
+        if CPU.search(text):
+            return "cpu"
+    return "cpu"
+
+
+def paragraphs(text):
+    """A page's prose paragraphs (a table's rows each its own line) and its code lines, comments kept."""
+    found, lines, fenced = [], [], False
+    for line in [*text.splitlines(), ""]:
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif fenced:
+            found.append(line)
+        elif line.strip():
+            lines.append(line)
+            continue
+        if lines:
+            table = lines[0].lstrip().startswith("|")
+            found.append("\n".join(lines) if table else " ".join(lines))
+            lines = []
+    return found
+
+
+def figures(text, owner=None):
+    """{(kind, script, device[, steps]): {figure}} for every steps/s and duration figure of a page's prose and code
+    comments. Its script: the nearest one named before it in its sentence, else the first after it there, else the
+    last one named in its paragraph before, else the page's own (None: the figure is not kept)."""
+    found = {}
+    for paragraph in paragraphs(text):
+        script = owner
+        for sentence in re.split(r"(?<=[.!?])\s+(?=[A-Z(*`\[])|\n", paragraph):
+            if sentence.lstrip().startswith("|"):  # a table's row: its own script or the page's
+                script = owner
+            marks = [(m.start(), NAMES[m.group()]) for m in NAME.finditer(sentence)]
+            for kind, pattern in (("steps/s", SPEED), ("duration", DURATION)):
+                for m in pattern.finditer(sentence):
+                    before, after = [s for at, s in marks if at < m.start()], [s for at, s in marks if at > m.start()]
+                    who = before[-1] if before else after[0] if after else script
+                    if who is None:
+                        continue
+                    if kind == "steps/s":
+                        key, value = (kind, who, device(sentence, m.start())), amount(m[1])
+                    else:
+                        key = (kind, who, device(sentence, m.start()), workload(sentence, m.start()))
+                        value = amount(m[1], SECONDS["min" if m[2].startswith("min") else m[2][0]])
+                    found.setdefault(key, set()).add(value)
+            if marks:
+                script = marks[-1][1]
+    return found
+
+
+def figure_conflicts(pages):
+    """The figures (a script's steps/s on a device; its duration on a device for one step count) that two pages
+    state with different values: each should be stated once, in the page that owns it, and linked from the others."""
+    by_key = {}
+    for name, text, owner in pages:
+        for key, values in figures(text, owner).items():
+            by_key.setdefault(key, {})[name] = values
+    problems = []
+    for key, pages_values in sorted(by_key.items(), key=str):
+        if len({frozenset(v) for v in pages_values.values()}) > 1:
+            said = "; ".join(f"{name}: {sorted(values)}" for name, values in sorted(pages_values.items()))
+            problems.append(f"{' '.join(str(k) for k in key if k is not None)} differs between pages: {said}")
+    return problems
+
+
+def doc_pages():
+    return [(p.relative_to(REPO).as_posix(), p.read_text(), p.stem if p.stem in SCRIPTS else None) for p in PAGES]
+
+
+def test_no_figure_is_stated_twice_differently():
+    assert not figure_conflicts(doc_pages()), "\n".join(figure_conflicts(doc_pages()))
+
+
+def test_the_figure_check_finds_a_second_figure():
+    """A speed restated with another value, or a run's duration, fails; the same figure twice, or figures of
+    other scripts, devices or step counts, do not."""
+    readme = (
+        "TD7 runs about 50 steps/s alone on a 2-core CPU (30 with one thread). On a GPU TD7 runs 400 steps/s.\n\n"
+        "```bash\npython td3_continuous.py   # Hopper-v4, 1M steps: about 2.7 hours on a CPU\n```\n\n"
+        "The quick start takes 94-97 seconds at 20,000 steps with `sac_discrete.py`. The test suite took 25 min.\n"
+    )
+    td7 = "On a CPU it runs about 23 steps/s with one thread. SAC runs 202 steps/s.\n"
+    td3 = "TD3's default run, 1M steps, runs at about 300 steps/s (56 minutes of steps at that speed).\n"
+    discrete = "Its 20,000 steps take 1.6 min on a CPU; 100k steps take 8 minutes.\n"
+    assert figure_conflicts(
+        [
+            ("README.md", readme, None),
+            ("td7.md", td7, "td7_continuous"),
+            ("td3.md", td3, "td3_continuous"),
+            ("discrete.md", discrete, "sac_discrete"),
+            ("sac.md", "SAC runs 202 steps/s on a CPU, every 2 s. The test suite took 20 to 30 minutes.", None),
+        ]
+    ) == [
+        "duration sac_discrete cpu 20000.0 differs between pages: README.md: [(94.0, 97.0)]; "
+        "discrete.md: [(96.0, 96.0)]",
+        "duration td3_continuous cpu 1000000.0 differs between pages: README.md: [(9720.0, 9720.0)]; "
+        "td3.md: [(3360.0, 3360.0)]",
+        "duration the test suite cpu differs between pages: README.md: [(1500.0, 1500.0)]; sac.md: [(1200.0, 1800.0)]",
+        "steps/s td7_continuous cpu differs between pages: README.md: [(50.0, 50.0)]; td7.md: [(23.0, 23.0)]",
     ]
