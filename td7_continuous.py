@@ -718,8 +718,9 @@ def check_env(args):
     """One line unless --env-id names one version of an env this script can learn (and record, with video)."""
     # Nothing renders without --capture-video: no render backend (MUJOCO_GL) may stop the run.
     os.environ["MUJOCO_GL"] = os.environ.get("MUJOCO_GL", "egl") if args.capture_video else "disable"
-    # MuJoCo 4 warns at each load of HalfCheetah-v4 that "'settotalmass' is deprecated", also into ./MUJOCO_LOG.TXT:
-    with contextlib.suppress(ImportError):  # that warning is dropped; any other goes to stderr, and no file
+    # MuJoCo 4 warns at each load of HalfCheetah-v4 that "'settotalmass' is deprecated" (also into ./MUJOCO_LOG.TXT):
+    # that warning is dropped, any other goes to stderr. (No mujoco, or a MUJOCO_GL it refuses: said below.)
+    with contextlib.suppress(Exception):
         importlib.import_module("mujoco").set_mju_user_warning(
             lambda text: "'settotalmass' is deprecated" in text or print(f"WARNING: {text}", file=sys.stderr))
     versions = sorted(i for i in gym.registry if i.rsplit("-v", 1)[0] == args.env_id)
