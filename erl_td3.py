@@ -127,9 +127,23 @@ class Args:
 
     # Algorithm specific arguments
     learning_rate: float = 3e-4
-    """the learning rate of the actor and critic optimizers"""
+    """the learning rate of the actor and critic optimizers (unless --actor-lr, --critic-lr)"""
+    actor_lr: float = 0.0
+    """the learners' actor learning rate (0: --learning-rate; ERL's own: 5e-5, `core/ddpg.py`)"""
+    critic_lr: float = 0.0
+    """the critics' learning rate (0: --learning-rate; ERL's own: 5e-4, `core/ddpg.py`)"""
+    critic_grad_clip: float = 0.0
+    """clip each critic's gradient to this norm before its step (0: no clip; ERL's own: 10, `core/ddpg.py`)"""
+    actor_hidden: int = 256
+    """the width of every actor's two hidden layers, the population's and the learners' (ERL's own: 128)"""
+    actor_layer_norm: bool = False
+    """every actor with a LayerNorm after each hidden layer and tanh activations instead of ReLU (ERL's own actors,
+    `core/ddpg.py`; its norm divides by the unbiased std plus 1e-6, torch's by the root of the variance plus 1e-5)"""
+    learner_init_scale: float = 1.0
+    """the learners' output layer (weights and bias) scaled by this at initialisation (ERL's own: 0.1,
+    `core/ddpg.py`'s `init=True`; the population's actors are not scaled)"""
     tau: float = 0.005
-    """target network smoothing coefficient"""
+    """target network smoothing coefficient (ERL's own: 0.001, with --batch-size 128)"""
     policy_noise: float = 0.2
     """the scale of the target policy smoothing noise (fraction of the action half-range)"""
     noise_clip: float = 0.5
@@ -195,12 +209,21 @@ def to_env(action, low, high):
 
 
 class Actor(nn.Module):
-    """Deterministic policy: 256-256 ReLU MLP with a tanh output in the normalised action space [-1, 1]."""
+    """Deterministic policy: 256-256 ReLU MLP with a tanh output in the normalised action space [-1, 1]; with
+    `layer_norm`, ERL's: each hidden layer normalised (LayerNorm), then tanh. The output layer is scaled by
+    `init_scale` at initialisation."""
 
-    def __init__(self, obs_dim, act_dim, hidden=256):
+    def __init__(self, obs_dim, act_dim, hidden=256, layer_norm=False, init_scale=1.0):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                                 nn.Linear(hidden, act_dim), nn.Tanh())
+
+        def hidden_layer(n_in):
+            linear = nn.Linear(n_in, hidden)
+            return [linear, nn.LayerNorm(hidden), nn.Tanh()] if layer_norm else [linear, nn.ReLU()]
+
+        self.net = nn.Sequential(*hidden_layer(obs_dim), *hidden_layer(hidden), nn.Linear(hidden, act_dim), nn.Tanh())
+        with torch.no_grad():
+            self.net[-2].weight.mul_(init_scale)
+            self.net[-2].bias.mul_(init_scale)
 
     def forward(self, obs):
         return self.net(obs)
@@ -320,6 +343,8 @@ def update_critic(rb, learners, actor_targets, qf, qf_target, q_optimizer, args)
     qf_loss = torch.stack(losses).mean()
     q_optimizer.zero_grad(set_to_none=True)
     qf_loss.backward()
+    if args.critic_grad_clip:  # ERL's (`core/ddpg.py`)
+        nn.utils.clip_grad_norm_(qf.parameters(), args.critic_grad_clip)
     q_optimizer.step()
     return torch.stack(head_losses).mean(0).detach(), torch.cat(qs, 1).detach().mean((1, 2))
 
@@ -344,9 +369,11 @@ def update_actors(rb, learners, actors, qf, actor_targets, qf_target, actor_opti
 
 
 def actor_params(actor):
-    """An Actor's layers as (weights (n_in, n_out), biases (1, n_out)) lists, the layout of a population."""
+    """An Actor's layers as (weights (n_in, n_out), biases (1, n_out)) lists, the layout of a population; the
+    LayerNorms' weights and biases, if any, follow the biases (as in ERL, crossed like biases and never mutated)."""
     layers = [m for m in actor.net if isinstance(m, nn.Linear)]
-    return [m.weight.detach().T for m in layers], [m.bias.detach()[None] for m in layers]
+    norms = [p.detach()[None] for m in actor.net if isinstance(m, nn.LayerNorm) for p in (m.weight, m.bias)]
+    return [m.weight.detach().T for m in layers], [m.bias.detach()[None] for m in layers] + norms
 
 
 def stack_actors(actors):
@@ -364,10 +391,15 @@ def individual(weights, biases, i):
 def population_forward(weights, biases, obs):
     """Every individual's action for its own observation at once: obs (P, obs_dim) -> actions (P, act_dim), the
     Actor's layers as one batched matmul each."""
-    x = obs[:, None, :]
+    x, norms = obs[:, None, :], biases[len(weights) :]  # --actor-layer-norm: each hidden layer's weight and bias
     for i, (w, b) in enumerate(zip(weights, biases)):
         x = torch.baddbmm(b, x, w)
-        x = torch.relu(x) if i < len(weights) - 1 else torch.tanh(x)
+        if i == len(weights) - 1:
+            x = torch.tanh(x)
+        elif norms:
+            x = torch.tanh(nn.functional.layer_norm(x, x.shape[-1:]) * norms[2 * i] + norms[2 * i + 1])
+        else:
+            x = torch.relu(x)
     return x[:, 0]
 
 
@@ -521,6 +553,13 @@ def next_generation_mutation_only(weights, biases, fitness, args, rng, learners=
     return elites, elites, winners, learner_slots.tolist()
 
 
+def saturation(actor, rb):
+    """The share of `actor`'s actions within 0.01 of a bound, on the states of learner 0's last batch (no new
+    draw; all zeros before the first update): near 1, its tanh is saturated and its gradient vanishes."""
+    with torch.no_grad():
+        return float((actor(rb.batch[0, :, : rb.split[0]]).abs() > 0.99).float().mean())
+
+
 def inject(weights, biases, slots, actors):
     """Copy the learners' actors into the population's `slots` (none: no injection)."""
     if slots:
@@ -551,17 +590,18 @@ def main(args):
     for i, env in enumerate(envs + learner_envs):
         env.reset(seed=args.seed + i)
 
-    weights, biases = stack_actors([Actor(obs_dim, act_dim).to(device) for _ in range(args.pop_size)])
-    actors = [Actor(obs_dim, act_dim).to(device) for _ in range(args.num_rl_agents)]
-    actor_targets = [Actor(obs_dim, act_dim).to(device) for _ in range(args.num_rl_agents)]
+    actor = partial(Actor, obs_dim, act_dim, args.actor_hidden, args.actor_layer_norm)
+    weights, biases = stack_actors([actor().to(device) for _ in range(args.pop_size)])
+    actors = [actor(init_scale=args.learner_init_scale).to(device) for _ in range(args.num_rl_agents)]
+    actor_targets = [actor().to(device) for _ in range(args.num_rl_agents)]
     qfs = [Critic(obs_dim, act_dim).to(device) for _ in range(num_critics)]
     qf_targets = [Critic(obs_dim, act_dim).to(device) for _ in qfs]
     for target, source in zip(actor_targets + qf_targets, actors + qfs):
         target.load_state_dict(source.state_dict())
     # fused: one kernel for all parameters, 2-3x faster than the default foreach Adam on CPU; same update rule
-    adam = partial(torch.optim.Adam, lr=args.learning_rate, fused=True, capturable=args.cudagraphs)
-    actor_optimizers = [adam(a.parameters()) for a in actors]
-    q_optimizers = [adam(q.parameters()) for q in qfs]
+    adam = partial(torch.optim.Adam, fused=True, capturable=args.cudagraphs)
+    actor_optimizers = [adam(a.parameters(), lr=args.actor_lr or args.learning_rate) for a in actors]
+    q_optimizers = [adam(q.parameters(), lr=args.critic_lr or args.learning_rate) for q in qfs]
     rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.batch_size, args.num_rl_agents, device)
     # Each critic's learners (K actor-critic pairs, or K actors and one shared critic), and its updates as callables.
     critic_learners = [list(range(args.num_rl_agents))] if args.shared_critic else [[k] for k in range(len(qfs))]
@@ -631,7 +671,7 @@ def main(args):
                 for slot in injected:
                     fates["elite" if slot in elites else "selected" if slot in selected else "discarded"] += 1
                 champion, generation, injected = int(copies[0]), generation + 1, slots
-                run.log_generation(global_step, generation, fitness, fates, learner_returns)
+                run.log_generation(global_step, generation, fitness, fates, learner_returns, saturation(actors[0], rb))
                 run.progress.update(global_step, num_updates)
                 if crossed(global_step, args.eval_freq, generation_steps) or global_step >= args.total_timesteps:
                     run.evaluate_and_log(global_step, individual(weights, biases, champion), actors[0])
@@ -701,8 +741,9 @@ def check_args(args):
     non_negative = ["learning_starts", "eval_freq", "checkpoint_freq", "torch_threads", "policy_noise", "noise_clip"]
     non_negative += ["exploration_noise"]
     positive += ["num_rl_agents", "pop_size", "num_elites", "tournament_size", "episodes_for_fitness"]  # ERL's too
-    positive += ["rl_injection_interval", "weight_max_magnitude"]
-    non_negative += ["utd_ratio", "mutation_strength", "super_mutation_strength"]
+    positive += ["rl_injection_interval", "weight_max_magnitude", "actor_hidden", "learner_init_scale"]
+    non_negative += ["utd_ratio", "mutation_strength", "super_mutation_strength", "actor_lr", "critic_lr"]
+    non_negative += ["critic_grad_clip"]
     unit_interval = ["gamma", "tau", "crossover_prob", "mutation_prob", "mutation_frac", "super_mutation_prob"]
     unit_interval += ["reset_prob"]  # ERL's
     for name, value in asdict(args).items():
@@ -739,8 +780,9 @@ def check_env(args):
     """One line unless --env-id names one version of an env this script can learn (and record, with video)."""
     # Nothing renders without --capture-video: no render backend (MUJOCO_GL) may stop the run.
     os.environ["MUJOCO_GL"] = os.environ.get("MUJOCO_GL", "egl") if args.capture_video else "disable"
-    # MuJoCo 4 warns at each load of HalfCheetah-v4 that "'settotalmass' is deprecated", also into ./MUJOCO_LOG.TXT:
-    with contextlib.suppress(ImportError):  # that warning is dropped; any other goes to stderr, and no file
+    # MuJoCo 4 warns at each load of HalfCheetah-v4 that "'settotalmass' is deprecated" (also into ./MUJOCO_LOG.TXT):
+    # that warning is dropped, any other goes to stderr. (No mujoco, or a MUJOCO_GL it refuses: said below.)
+    with contextlib.suppress(Exception):
         importlib.import_module("mujoco").set_mju_user_warning(
             lambda text: "'settotalmass' is deprecated" in text or print(f"WARNING: {text}", file=sys.stderr))
     versions = sorted(i for i in gym.registry if i.rsplit("-v", 1)[0] == args.env_id)
@@ -1095,6 +1137,7 @@ class Run:
         self.handlers = {s: signal.signal(s, self.on_signal) for s in SIGNALS}
         self.dir, self.lock = claim_run_dir(args)
         saved = checkpoint["run"] if checkpoint else {"wall_time": 0.0, "evaluations": [], "evaluation_due": False}
+        self.best_return = saved.get("best_return", -np.inf)  # ERL: the best fitness or learner return yet
         self.evaluations, self.evaluation_due = saved["evaluations"], saved["evaluation_due"]  # rows of the csv
         self.start_time = time.time() - saved["wall_time"]
         write_atomically(f"{self.dir}/args.json", lambda f: json.dump({**asdict(args), "device": str(device)}, f))
@@ -1131,9 +1174,14 @@ class Run:
         """Add one update's metrics (scalar tensors, on the device); ERL logs them at a generation's end."""
         self.metrics.add(global_step, update, metrics)
 
-    def log_generation(self, global_step, generation, fitness, fates, learner_returns):  # ERL: at a generation's end
+    def log_generation(self, global_step, generation, fitness, fates, learner_returns, saturation):  # ERL's
+        """At a generation's end: the metrics, the population's fitness, the injections' fates, the learners' returns,
+        the learner's saturation and the best return of any episode yet, against which to read Q (docs/erl_td3.md)."""
+        writer, self.best_return = self.metrics.writer, max(self.best_return, *fitness, *learner_returns)
+        writer.add_scalar("charts/best_return", self.best_return, global_step)
+        if self.metrics.count:  # (a generation with updates: the learner's batch is from the buffer)
+            writer.add_scalar("charts/learner_saturation", saturation, global_step)
         self.metrics.log(global_step, self.stop_on)
-        writer = self.metrics.writer
         for statistic in ("max", "mean", "min"):
             writer.add_scalar(f"evolution/fitness_{statistic}", getattr(fitness, statistic)(), global_step)
         writer.add_scalar("evolution/generation", generation, global_step)
@@ -1188,7 +1236,8 @@ class Run:
         rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
                "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None}
         run = {"wall_time": time.time() - self.start_time, "evaluations": self.evaluations,
-               "evaluation_due": self.evaluation_due, "metrics": self.metrics.state_dict()}
+               "evaluation_due": self.evaluation_due, "metrics": self.metrics.state_dict(),
+               "best_return": self.best_return}  # ERL
         state = {k: v.bit_generator.state if isinstance(v, np.random.Generator)
                  else v.cpu() if isinstance(v, torch.Tensor) else v.state_dict()  # ERL's population
                  for k, v in state.items()}

@@ -226,6 +226,58 @@ def test_population_forward_is_the_actor():
         assert torch.allclose(together[i], actor(obs[i : i + 1])[0], atol=1e-6)
 
 
+def test_erls_own_actors_in_the_population():
+    """--actor-layer-norm (ERL's actors: each hidden layer normalised, then tanh): the population's batched forward
+    pass still computes each Actor's own forward, its LayerNorms crossed like biases and never mutated; the learner's
+    output layer is scaled at initialisation (ERL's 0.1), from the same draws as an unscaled one."""
+    torch.manual_seed(0)
+    actors = [erl_td3.Actor(5, 2, hidden=16, layer_norm=True) for _ in range(3)]
+    for actor in actors:  # LayerNorms away from their initial ones and zeros
+        for norm in [m for m in actor.net if isinstance(m, torch.nn.LayerNorm)]:
+            torch.nn.init.normal_(norm.weight)
+            torch.nn.init.normal_(norm.bias)
+    weights, biases = erl_td3.stack_actors(actors)
+    assert len(weights) == 3 and len(biases) == 3 + 4  # 3 layers' biases, then 2 LayerNorms' weight and bias
+    obs = torch.randn(3, 5)
+    together = erl_td3.population_forward(weights, biases, obs)
+    for i, actor in enumerate(actors):
+        assert torch.allclose(together[i], actor(obs[i : i + 1])[0], atol=1e-5)
+    norms = [b.clone() for b in biases[3:]]
+    erl_td3.next_generation(weights, biases, np.array([3.0, 2.0, 1.0]), ARGS, np.random.default_rng(0))
+    for before, after in zip(norms, biases[3:]):  # whole neurons copied between individuals, no value new
+        assert set(after.flatten().tolist()) <= set(before.flatten().tolist())
+    torch.manual_seed(1)
+    plain = erl_td3.Actor(5, 2)
+    torch.manual_seed(1)
+    scaled = erl_td3.Actor(5, 2, init_scale=0.1)
+    assert torch.equal(scaled.net[-2].weight, plain.net[-2].weight * 0.1)
+    assert torch.equal(scaled.net[0].weight, plain.net[0].weight)
+
+
+def test_erls_learner_settings_run_and_log_the_learners_saturation(tmp_path, monkeypatch):
+    """ERL's own learner (LayerNorm actors of 128, output scaled by 0.1, its learning rates, tau, batch and critic
+    gradient clip) trains, and every generation logs the best return yet and, once the learner has trained, the share
+    of its actions at a bound; the optimizers take the two learning rates, and the checkpoint keeps the best return."""
+    erls = ["--actor-layer-norm", "--actor-hidden", "128", "--learner-init-scale", "0.1", "--actor-lr", "5e-5"]
+    erls += ["--critic-lr", "5e-4", "--critic-grad-clip", "10", "--tau", "0.001", "--batch-size", "128"]
+    flags = flags_with(TINY, env_id="Pendulum-v1", total_timesteps=2400, learning_starts=400, pop_size=2)
+    flags = flags_with(flags, num_elites=1, eval_freq=0, checkpoint_freq=1200) + erls
+    run = run_main("erl_td3", flags, tmp_path, monkeypatch)
+    checkpoint = load_checkpoint(run["run_dir"])
+    assert checkpoint["state"]["actor_optimizer_0"]["param_groups"][0]["lr"] == 5e-5
+    assert checkpoint["state"]["q_optimizer_0"]["param_groups"][0]["lr"] == 5e-4
+    assert "net.1.weight" in checkpoint["state"]["actor_0"]  # the first LayerNorm
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(run["run_dir"])
+    events.Reload()
+    best = [event.value for event in events.Scalars("charts/best_return")]
+    saturation = [event.value for event in events.Scalars("charts/learner_saturation")]
+    assert len(best) == 4 and best == sorted(best)  # a generation is 600 steps here, the first without updates
+    assert checkpoint["run"]["best_return"] == pytest.approx(best[-1])  # kept for a resumed run
+    assert len(saturation) == 4 and all(0 <= s <= 1 for s in saturation)
+
+
 def test_batched_population_evaluation_equals_one_at_a_time():
     """The population's episodes, all at once with one batched forward pass per step, return what each actor returns
     when evaluated alone on an env with the same seed (up to the rounding of a batched against a single matmul,
