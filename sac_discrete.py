@@ -542,7 +542,7 @@ def main(args):
     args = replace(args, **{name: value for name, value in OBSERVATION_DEFAULTS[observations].items()
                             if getattr(args, name) is None})
     check_args(args)
-    checkpoint = read_checkpoint(args)
+    checkpoint = args.resume and read_checkpoint(args.resume, args)
     device = choose_device(args)
 
     random.seed(args.seed)
@@ -611,12 +611,12 @@ def main(args):
                     run.stop_on(f"non-finite policy at global_step {global_step}")
             next_obs, reward, terminated, truncated, infos = envs.step(action)
             global_step += args.num_envs
-            run.check_finite(global_step, reward=reward, observation=next_obs)
+            run.metrics.check_finite(global_step, reward=reward, observation=next_obs)
 
             episode_return += reward
             episode_length += 1
             for i in games_over(terminated, truncated, infos):  # (a lost life ends an Atari episode, not a game)
-                run.log_episode(global_step, episode_return[i], episode_length[i])
+                run.metrics.log_episode(global_step, episode_return[i], episode_length[i])
                 episode_return[i] = 0.0
                 episode_length[i] = 0
 
@@ -629,7 +629,7 @@ def main(args):
             if global_step > args.learning_starts and crossed(global_step, args.update_frequency, args.num_envs):
                 qf_losses, qf_values, actor_loss, alpha_loss, entropy = update_step()
                 num_updates += 1
-                run.record(global_step, num_updates, qf_loss=qf_losses.mean(), qf1_loss=qf_losses[0],
+                run.metrics.record(global_step, num_updates, qf_loss=qf_losses.mean(), qf1_loss=qf_losses[0],
                            qf2_loss=qf_losses[1], actor_loss=actor_loss, alpha_loss=alpha_loss,
                            alpha=log_alpha.exp().detach(), entropy=entropy, qf1_values=qf_values[0],
                            qf2_values=qf_values[1])
@@ -648,7 +648,7 @@ def main(args):
                 run.exit_on_signal(global_step)
         if args.save_model:
             run.save_model(actor=actor, qf=qf)
-        run.finish()
+        run.finished = True
     finally:
         envs.close()
         run.close()
@@ -677,8 +677,7 @@ def fail(message, error=None):
 
 
 def exit_outside_the_run(signum, frame):
-    """A signal before the run has its directory or after its files are written: nothing to save. os._exit: no
-    cleanup left (Python's at exit, wandb's) can be interrupted into a traceback."""
+    """A signal before the run has its directory or after its files are written: one line, no cleanup to interrupt."""
     with contextlib.suppress(OSError):  # stderr gone with its terminal (SIGHUP): the exit still comes
         print(f"{signal.Signals(signum).name} outside the run (before it started or after it ended): nothing to save",
               file=sys.stderr)
@@ -689,22 +688,21 @@ def parse_args():
     """The command line, in tyro's words; with --resume, the checkpoint's arguments are the defaults."""
     args = tyro.cli(Args)
     if args.resume:
-        saved = load_checkpoint(args.resume)["args"]
+        saved = read_checkpoint(args.resume)["args"]
         args = tyro.cli(Args, default=Args(**{k: saved[k] for k in Args.__dataclass_fields__ if k in saved}))
     return args
 
 
 def check_args(args):
-    """Every numeric flag finite and in its range, and the flags together, before anything is written."""
+    """Every numeric flag finite and non-negative (some positive or in [0, 1]), and the flags together, before a run."""
     positive = ["total_timesteps", "num_envs", "buffer_size", "batch_size", "eval_episodes", "log_freq", "tau"]
     positive += ["adam_eps", "update_frequency", "target_network_frequency", "policy_lr", "q_lr", "alpha"]
     positive += ["target_entropy_ratio"]
-    non_negative = ["learning_starts", "eval_freq", "checkpoint_freq", "torch_threads"]
     for name, value in asdict(args).items():
         flag = "--" + name.replace("_", "-")
         if isinstance(value, float) and not np.isfinite(value):
             fail(f"{flag} must be a finite number, got {value}")
-        if name in positive and value <= 0 or name in non_negative and value < 0:
+        if isinstance(value, (int, float)) and (value <= 0 if name in positive else value < 0):
             fail(f"{flag} must be {'positive' if name in positive else 'non-negative'}, got {value}")
         if name in ["gamma", "tau"] and not 0 <= value <= 1:
             fail(f"{flag} must lie in [0, 1], got {value}")
@@ -733,22 +731,25 @@ def check_env(args):
     """One line unless --env-id names one version of an env this script can learn (and record, with video)."""
     # Nothing renders without --capture-video: no render backend (MUJOCO_GL) may stop the run.
     os.environ["MUJOCO_GL"] = os.environ.get("MUJOCO_GL", "egl") if args.capture_video else "disable"
-    # MuJoCo 4 warns at each load of HalfCheetah-v4 that "'settotalmass' is deprecated" (also into ./MUJOCO_LOG.TXT):
-    # that warning is dropped, any other goes to stderr. (No mujoco, or a MUJOCO_GL it refuses: said below.)
-    with contextlib.suppress(Exception):
+    # MuJoCo 4 warns at each load of HalfCheetah-v4 that "'settotalmass' is deprecated", also into ./MUJOCO_LOG.TXT:
+    with contextlib.suppress(Exception):  # that one is dropped, any other goes to stderr (no mujoco: said below)
         importlib.import_module("mujoco").set_mju_user_warning(
             lambda text: "'settotalmass' is deprecated" in text or print(f"WARNING: {text}", file=sys.stderr))
     versions = sorted(i for i in gym.registry if i.rsplit("-v", 1)[0] == args.env_id)
     if versions:  # gymnasium would run the latest silently, in a directory whose name does not say which
         fail(f"--env-id {args.env_id} names no version; gymnasium has {', '.join(versions)}")
-    try:
+    try:  # gymnasium raises many kinds: unknown id, missing extra, bad module path
         env = make_env(args.env_id, render_mode="rgb_array" if args.capture_video else None)()
-    except Exception as e:  # gymnasium raises many kinds: unknown id, missing extra, bad module path
-        atari_id = "ALE/" in args.env_id or "NoFrameskip" in args.env_id
+        if args.capture_video:  # once here, as RecordVideo will: moviepy to write a frame, and a frame
+            importlib.import_module("moviepy")
+            env.reset(seed=0)
+            env.render()
+    except Exception as e:
+        if args.capture_video and args.env_id in gym.registry:  # most likely a failing render backend, or no moviepy
+            fail(f"--capture-video cannot record {args.env_id} (MUJOCO_GL={os.environ['MUJOCO_GL']})", e)
+        atari_id = "ALE/" in args.env_id or "NoFrameskip" in args.env_id  # SAC discrete's: Atari's ids
         hint = " (Atari needs the optional ale-py: pip install ale-py)" if ale_py is None and atari_id else ""
-        # A registered env that cannot be made to render most likely met a failing render backend (MuJoCo's OpenGL).
-        video = " to record video (MUJOCO_GL=%s)" % os.environ["MUJOCO_GL"] if args.env_id in gym.registry else ""
-        fail(f"cannot make --env-id {args.env_id!r}{video * args.capture_video}{hint}", e)
+        fail(f"cannot make --env-id {args.env_id!r}{hint}", e)
     obs_space, act_space = env.observation_space, env.action_space
     if not isinstance(act_space, gym.spaces.Discrete):
         fail(f"{args.env_id} has a {type(act_space).__name__} action space; SAC here needs Discrete: sac_continuous.py")
@@ -756,18 +757,12 @@ def check_env(args):
         fail(f"{args.env_id} has actions {act_space}, numbered from {act_space.start}; this script needs them from 0")
     if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1 or is_atari(args.env_id)):
         fail(f"{args.env_id} has {obs_space} observations; this script needs a flat vector or an Atari game")
-    try:
-        if args.capture_video:  # once here, as RecordVideo will: a frame, and moviepy to write it
-            importlib.import_module("moviepy")
-            env.reset(seed=0)
-            env.render()
-    except Exception as e:
-        fail(f"--capture-video cannot record {args.env_id}", e)
     env.close()
 
 
-def load_checkpoint(path):
-    """A checkpoint.pt of this script, or one line saying why not."""
+def read_checkpoint(path, args=None):
+    """The checkpoint.pt of this script at `path`, or one line saying why not; with `args`, one made with the same
+    algorithm flags and with steps left to run."""
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     except Exception as e:
@@ -777,19 +772,13 @@ def load_checkpoint(path):
     if checkpoint.get("script") != os.path.basename(__file__):
         made = checkpoint.get("script", "an older version of this script")
         fail(f"--resume file {path} was made by {made}, not {os.path.basename(__file__)}")
-    return checkpoint
-
-
-def read_checkpoint(args):
-    """The --resume checkpoint (None without one), refused unless it was made with the same algorithm flags."""
-    checkpoint = load_checkpoint(args.resume) if args.resume else None
-    for name, value in asdict(args).items() if checkpoint else ():
+    for name, value in asdict(args).items() if args else ():
         if name not in WATCH_FLAGS and checkpoint["args"].get(name) != value:
             flag = "--" + name.replace("_", "-")
             made = f"with {flag} {checkpoint['args'][name]}" if name in checkpoint["args"] else f"before {flag} existed"
-            fail(f"--resume file {args.resume} was made {made}, not {value}")
-    step = checkpoint and checkpoint["loop"]["global_step"]
-    if checkpoint and args.total_timesteps <= step and not checkpoint["run"]["evaluation_due"]:
+            fail(f"--resume file {path} was made {made}, not {value}")
+    step = checkpoint["loop"]["global_step"]
+    if args and args.total_timesteps <= step and not checkpoint["run"]["evaluation_due"]:
         fail(f"--total-timesteps {args.total_timesteps} is not beyond the checkpoint's global_step {step}")
     return checkpoint
 
@@ -834,17 +823,11 @@ def choose_device(args):
 
 
 def check_memory(device, buffer_bytes, frames=False):
-    """One line unless the replay buffer fits in the training device's free memory (the GPU's, or the host's within
-    a cgroup's limit) beside a checkpoint's copy on the host; returns where it goes: the device, or Atari `frames`
-    of a GPU run with no room there in pinned host memory. (A later allocation that fails: one line in __main__.)"""
+    """One line unless the replay buffer fits in its device's free memory and (a checkpoint's copy) the host's; returns
+    where it goes: the device, or Atari `frames` of a GPU run with no room there in pinned host memory."""
     free = {"cpu": int(open("/proc/meminfo").read().split("MemAvailable:")[1].split()[0]) * 1024}
-    with contextlib.suppress(OSError, ValueError):  # "max": no limit
-        limit = open("/sys/fs/cgroup/memory.max").read()
-        free["cpu"] = min(free["cpu"], int(limit) - int(open("/sys/fs/cgroup/memory.current").read()))
-    if device.type == "cuda":
-        free["cuda"] = torch.cuda.mem_get_info(device)[0]
-    need = {device.type: buffer_bytes}
-    need["cpu"] = need.get("cpu", 0) + buffer_bytes  # and a checkpoint's copy on the host
+    free["cuda"] = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
+    need = {"cuda": buffer_bytes, "cpu": buffer_bytes} if device.type == "cuda" else {"cpu": 2 * buffer_bytes}
     if frames and device.type == "cuda" and need["cuda"] > free["cuda"] and 3 * buffer_bytes <= free["cpu"]:
         return torch.device("cpu")  # (pinned memory's allocator rounds up to a power of two bytes: twice at most)
     for kind in (kind for kind in need if need[kind] > free[kind]):
@@ -854,16 +837,12 @@ def check_memory(device, buffer_bytes, frames=False):
 
 
 class Threads:
-    """--torch-threads 0: every 2 s, as many threads as this process's CPUs (affinity, cgroup quota) that others left
-    idle (a core a fifth used is busy): fewer at once, more after two idle checks in a row, one where the system does
-    not say (benchmark/results/threads.md). No result depends on the number."""
+    """--torch-threads 0 (benchmark/results/threads.md): every 2 s, as many threads as this process's CPUs that others
+    left idle (a core a fifth used is busy): fewer at once, more after two idle checks in a row; one if none says."""
 
     def __init__(self):
-        self.most, self.rising = torch.get_num_threads(), False
-        self.last, self.checked = self.reading(), time.monotonic()
-        with contextlib.suppress(OSError, ValueError):  # "max": no quota
-            quota, period = open("/sys/fs/cgroup/cpu.max").read().split()
-            self.most = min(self.most, max(1, int(quota) // int(period)))
+        self.most, self.rising, self.last = torch.get_num_threads(), False, self.reading()
+        self.checked = time.monotonic()
         torch.set_num_threads(1)
 
     def reading(self):  # (time, CPU seconds others used of this process's CPUs, its CPUs), or None (no /proc/stat)
@@ -918,8 +897,7 @@ def crossed(step, freq, step_size):
 
 def env_state(env):
     """What it takes to continue one env's episode bit for bit: its RNG, time-limit counter and physics."""
-    u = env.unwrapped
-    state = {"np_random": u.np_random.bit_generator.state}
+    u, state = env.unwrapped, {"np_random": env.unwrapped.np_random.bit_generator.state}
     with contextlib.suppress(AttributeError):  # an env without a time limit has no counter
         state["elapsed_steps"] = env.get_wrapper_attr("_elapsed_steps")
     if hasattr(u, "model") and hasattr(u, "data"):  # MuJoCo: the full integration state, warm-start included
@@ -1005,75 +983,97 @@ def claim_run_dir(args):
     return path, lock
 
 
+def start_wandb(args, path):
+    """--track: W&B syncing the run's TensorBoard files, or one line saying why not."""
+    try:
+        importlib.import_module("wandb").init(
+            project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, dir=path, resume="allow",
+            config=asdict(args), name=os.path.basename(path), id=os.path.basename(path)[-64:].replace(".", "-"))
+    except Exception as e:  # no key, a key wandb refuses, no server, an unknown entity
+        fail("--track: wandb cannot start (wandb login, or WANDB_MODE=offline)", e)
+
+
 class Metrics:
-    """The updates' metrics since the last log: a running sum and count on the device, read (one wait), checked and
-    logged every --log-freq updates. A checkpoint keeps them: a resumed run logs what a straight one does."""
+    """The run's numbers in TensorBoard: episodes, and the updates' metrics as a running sum and count on the device,
+    read (one wait), checked and logged every --log-freq updates; a non-finite one, or a non-finite host array, stops
+    the run. A checkpoint keeps the sum: a resumed run logs what a straight one does."""
 
-    def __init__(self, writer, device, names=(), sum=None, count=0, window=(0, 0, 0, 0)):
-        self.writer, self.names, self.count, self.window = writer, list(names), count, list(window)
+    def __init__(self, args, path, device, stop, purge_step=None, names=(), sum=None, count=0, window=(0, 0, 0, 0)):
+        self.args, self.stop, self.names, self.count, self.window = args, stop, list(names), count, list(window)
         self.sum, self.sps_start = None if sum is None else sum.to(device), None  # (this process's first update)
+        self.writer = SummaryWriter(path, purge_step=purge_step)  # points after it, of the run resumed, are dropped
+        table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
+        self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
 
-    def add(self, global_step, update, metrics):
+    def record(self, global_step, update, **metrics):
+        """Add one update's metrics (scalar tensors, on the device); log them every --log-freq updates."""
         self.sps_start = self.sps_start or (global_step, time.time())
         values = torch.stack(list(metrics.values()))
         self.names, self.sum = list(metrics), values if not self.count else self.sum + values
         self.window = [update, global_step] * 2 if not self.count else self.window[:2] + [update, global_step]
         self.count += 1
+        if self.count == self.args.log_freq:
+            self.log(global_step)
 
-    def means(self, stop):
-        """The means since the last log; `stop(cause)` on a non-finite one, naming it and its window."""
+    def means(self):
+        """The means since the last log; the run stops on a non-finite one, naming it and its window."""
         means = dict(zip(self.names, (self.sum / self.count).tolist())) if self.count else {}
         for name in (name for name, value in means.items() if not np.isfinite(value)):
-            first, first_step, last, last_step = self.window
-            stop(f"non-finite {name} in updates {first}-{last}, from global_step {first_step} to {last_step}")
+            self.stop("non-finite {} in updates {}-{}, from global_step {} to {}".format(name, *self.window[::2],
+                                                                                         *self.window[1::2]))
         return means
 
-    def log(self, global_step, stop):
-        """Log the means since the last log and the env steps/s."""
-        means = self.means(stop)
-        for name, value in means.items():
+    def log(self, global_step):
+        """Log the means since the last log and the env steps/s of this process."""
+        for name, value in self.means().items():
             self.writer.add_scalar(f"losses/{name}", value, global_step)
-        if means and self.sps_start:  # (a resumed run's carried metrics come before this process's first update)
+        if self.count and self.sps_start:  # (a resumed run's carried metrics come before this process's first update)
             sps = (global_step - self.sps_start[0]) / max(time.time() - self.sps_start[1], 1e-9)
             self.writer.add_scalar("charts/SPS", int(sps), global_step)
         self.count = 0
 
+    def log_episode(self, global_step, episode_return, episode_length):
+        self.writer.add_scalar("charts/episodic_return", episode_return, global_step)
+        self.writer.add_scalar("charts/episodic_length", episode_length, global_step)
+
+    def check_finite(self, global_step, **arrays):
+        """Stop if a host array (an action, a reward, an observation) is not finite, naming it, before it is used."""
+        for name in (name for name, array in arrays.items() if not np.isfinite(array).all()):
+            self.stop(f"non-finite {name} at global_step {global_step}")
+
     def state_dict(self):
-        return {"names": self.names, "sum": None if self.sum is None else self.sum.cpu(), "count": self.count,
-                "window": self.window}
+        return {"names": self.names, "sum": self.sum, "count": self.count, "window": self.window}
 
 
 class Progress:
     """The progress bar (tqdm): on a terminal at its width, under the run's lines; in a log (a sweep, Slurm) a line a
-    minute without carriage returns. Its ETA is timed from this process's first update, when the speed is known."""
+    minute without carriage returns. Its ETA is timed from this process's first update, when the speed is known.
+    And torch's threads: --torch-threads, or with 0 the rule of `Threads`, shown on the bar."""
 
     def __init__(self, args, global_step, num_updates, last_eval):
-        self.total, self.tty = args.total_timesteps, sys.stdout.isatty()
-        self.interval = 1 if self.tty else 60
+        self.tty, self.first, self.checked = sys.stdout.isatty(), None, time.monotonic()
+        torch.set_num_threads(args.torch_threads or torch.get_num_threads())  # (0: as the rule chooses, from one)
         self.threads = None if args.torch_threads else Threads()
-        self.steps, self.updates, self.first_updates = global_step, num_updates, num_updates
-        self.last_eval, self.checked = last_eval, time.monotonic()
-        self.bar = self.new_bar(global_step, eta="?")
-
-    def new_bar(self, global_step, eta):
+        self.steps, self.updates, self.first_updates, self.last_eval = global_step, num_updates, num_updates, last_eval
         lines = types.SimpleNamespace(write=lambda text: text.strip() and print(text.strip(), flush=True),
-                                      flush=lambda: None)
-        return tqdm(total=self.total, initial=global_step, dynamic_ncols=True, miniters=1, smoothing=0.05,
-                    mininterval=self.interval, delay=self.interval, leave=eta != "?", file=sys.stdout if self.tty
-                    else lines, bar_format="{percentage:3.0f}%|{bar}| {n}/{total} steps [ETA " + eta + "{postfix}]")
+                                      flush=lambda: None)  # in a log: a line each time, no carriage returns
+        self.bar = tqdm(total=args.total_timesteps, initial=global_step, dynamic_ncols=True, miniters=1,
+                        mininterval=1 if self.tty else 60, delay=1 if self.tty else 60, postfix="ETA ?",
+                        file=sys.stdout if self.tty else lines,
+                        bar_format="{percentage:3.0f}%|{bar}| {n}/{total} steps [{postfix}]")
 
     def update(self, global_step, num_updates):
-        if num_updates > self.first_updates and not self.bar.leave:  # the first update: the bar is timed from here
-            self.bar.close()
-            self.bar = self.new_bar(global_step, eta="{remaining}")
         now = time.monotonic()
+        if num_updates > self.first_updates and not self.first:  # the first update: the ETA is timed from here
+            self.first = global_step, now
         if self.threads and now - self.threads.checked >= 2:
             self.threads.choose()
-        if now - self.checked >= self.interval:  # the speeds since the last time, shown until the next
-            threads, elapsed = torch.get_num_threads(), now - self.checked
+        if now - self.checked >= self.bar.mininterval:  # the speeds since the last time, shown until the next
+            threads, elapsed, (step, start) = torch.get_num_threads(), now - self.checked, self.first or (0, now)
             sps, ups = (global_step - self.steps) / elapsed, (num_updates - self.updates) / elapsed
-            self.bar.set_postfix_str(f"{sps:.0f} steps/s, {ups:.0f} updates/s, last eval {self.last_eval}, {threads} "
-                                     f"thread{'s' * (threads > 1)}", refresh=False)
+            eta = tqdm.format_interval((self.bar.total - global_step) * (now - start) / max(global_step - step, 1))
+            self.bar.set_postfix_str(f"ETA {eta if now > start else '?'}, {sps:.0f} steps/s, {ups:.0f} updates/s, "
+                                     f"last eval {self.last_eval}, {threads} thread{'s' * (threads > 1)}", False)
             self.steps, self.updates, self.checked = global_step, num_updates, now
         self.bar.update(global_step - self.bar.n)
 
@@ -1084,33 +1084,23 @@ class Progress:
 
 
 class Run:
-    """One run as it goes: its directory and files (args.json, evaluations.csv, TensorBoard, W&B), metrics, progress,
-    evaluations, checkpoints and signals. A signal only sets a flag, which the loop and an evaluation poll."""
+    """One run as it goes: its directory and files (args.json, evaluations.csv, TensorBoard, W&B, model.pt), metrics,
+    progress, evaluations, checkpoints and signals. A signal only sets a flag, which the loop and an evaluation poll."""
 
     def __init__(self, args, checkpoint, device):
         self.args, self.device, self.signal, self.finished, self.result = args, device, None, False, None
         self.handlers = {s: signal.signal(s, self.on_signal) for s in SIGNALS}
         self.dir, self.lock = claim_run_dir(args)
-        saved = checkpoint["run"] if checkpoint else {"wall_time": 0.0, "evaluations": [], "evaluation_due": False}
+        saved = checkpoint["run"] if checkpoint else {"wall_time": 0, "evaluations": [], "evaluation_due": False}
         self.evaluations, self.evaluation_due = saved["evaluations"], saved["evaluation_due"]  # rows of the csv
         self.start_time = time.time() - saved["wall_time"]
         write_atomically(f"{self.dir}/args.json", lambda f: json.dump({**asdict(args), "device": str(device)}, f))
         self.write_evaluations()  # on resume: the rows up to the checkpoint, dropping any made after it
         if args.track:
-            try:
-                importlib.import_module("wandb").init(
-                    project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, dir=self.dir,
-                    config=asdict(args), name=os.path.basename(self.dir), resume="allow", save_code=True,
-                    id=os.path.basename(self.dir)[-64:].replace(".", "-"))
-            except Exception as e:  # no key, a key wandb refuses, no server, an unknown entity
-                fail("--track: wandb cannot start (wandb login, or WANDB_MODE=offline)", e)
+            start_wandb(args, self.dir)
         loop = checkpoint["loop"] if checkpoint else {"global_step": 0, "num_updates": 0}
-        # Points logged after the checkpoint by the run it continues are dropped; those at its step are the same.
-        writer = SummaryWriter(self.dir, purge_step=loop["global_step"] + 1 if checkpoint else None)
-        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in
-                                                                              asdict(args).items()))
-        self.metrics = Metrics(writer, device, **saved.get("metrics", {}))
-        torch.set_num_threads(args.torch_threads or torch.get_num_threads())
+        purge_step = loop["global_step"] + 1 if checkpoint else None
+        self.metrics = Metrics(args, self.dir, device, self.stop_on, purge_step, **saved.get("metrics", {}))
         last_eval = "{2:.1f} +- {3:.1f}".format(*self.evaluations[-1]) if self.evaluations else "-"
         self.progress = Progress(args, loop["global_step"], loop["num_updates"], last_eval)
         self.progress.say(f"run {self.dir}: {args.env_id}, {args.total_timesteps} steps on {device}")
@@ -1120,30 +1110,14 @@ class Run:
     def on_signal(self, signum, frame):
         self.signal = signum
 
-    def log_episode(self, global_step, episode_return, episode_length):
-        self.metrics.writer.add_scalar("charts/episodic_return", episode_return, global_step)
-        self.metrics.writer.add_scalar("charts/episodic_length", episode_length, global_step)
-
-    def record(self, global_step, update, **metrics):
-        """Add one update's metrics (scalar tensors, on the device); log them every --log-freq updates."""
-        self.metrics.add(global_step, update, metrics)
-        if self.metrics.count == self.args.log_freq:
-            self.metrics.log(global_step, self.stop_on)
-
-    def check_finite(self, global_step, **arrays):
-        """Stop if a host array (an action, a reward, an observation) is not finite, naming it, before it is used."""
-        for name in (name for name, array in arrays.items() if not np.isfinite(array).all()):
-            self.stop_on(f"non-finite {name} at global_step {global_step}")
-
     def stop_on(self, cause):
-        path = f"{self.dir}/checkpoint.pt"
-        self.progress.say(f"error: {cause}; stopping. Last checkpoint: {path if os.path.exists(path) else 'none'}",
-                          sys.stderr)
+        last = f"{self.dir}/checkpoint.pt" if os.path.exists(f"{self.dir}/checkpoint.pt") else "none"
+        self.progress.say(f"error: {cause}; stopping. Last checkpoint: {last}", sys.stderr)
         sys.exit(1)
 
     def evaluate_and_log(self, global_step, policy):
         """Evaluate `policy` into evaluations.csv and TensorBoard; a signal ends it at once, leaving it due."""
-        self.metrics.log(global_step, self.stop_on)
+        self.metrics.log(global_step)
         self.evaluation_due = True
         video_folder = os.path.join("videos", os.path.basename(self.dir)) if self.args.capture_video else None
         returns = evaluate(policy, self.args.env_id, self.args.eval_episodes, self.args.seed + 100_000, self.device,
@@ -1157,16 +1131,15 @@ class Run:
         self.write_evaluations()
         self.result = {"run_dir": self.dir, "global_step": global_step, "eval_mean": mean, "eval_std": std}
         self.progress.last_eval = f"{mean:.1f} +- {std:.1f}"
-        self.progress.say(f"step {global_step}/{self.args.total_timesteps} | eval return {mean:.1f} +- {std:.1f}")
+        self.progress.say(f"step {global_step}/{self.args.total_timesteps} | eval return {self.progress.last_eval}")
 
     def write_evaluations(self):
         rows = [["global_step", "wall_time_s", "mean_return", "std_return", "returns"], *self.evaluations]
         write_atomically(f"{self.dir}/evaluations.csv", lambda f: csv.writer(f).writerows(rows))
 
     def save_checkpoint(self, state, envs, **loop):
-        """Write `state`, the envs, every RNG, the loop's values by name and the run's evaluations and metrics (checked
-        first: a non-finite one stops the run before it is saved)."""
-        self.metrics.means(self.stop_on)
+        """Write `state`, the envs, every RNG, the loop's values by name, the evaluations and metrics (checked)."""
+        self.metrics.means()
         rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
                "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None}
         run = {"wall_time": time.time() - self.start_time, "evaluations": self.evaluations,
@@ -1190,18 +1163,14 @@ class Run:
         model = {name: {k: v.cpu() for k, v in net.state_dict().items()} for name, net in networks.items()}
         write_atomically(f"{self.dir}/model.pt", partial(torch.save, {**model, "args": asdict(self.args)}), mode="wb")
 
-    def finish(self):
-        """The closing line of a finished run: its final evaluation, directory and wall time."""
-        self.progress.bar.close()
-        wall_time = datetime.timedelta(seconds=int(time.time() - self.start_time))
-        result = f"final eval {self.result['eval_mean']:.1f} +- {self.result['eval_std']:.1f}" if self.result else ""
-        self.progress.say(f"finished {self.args.total_timesteps} steps in {wall_time}: {result}; {self.dir}")
-        self.finished = True
-
     def close(self):
-        """Close the files, remove the lock, give the signals back; a signal once the run was done ends it here."""
+        """A finished run's closing line; the files closed, the lock removed, the signals given back."""
         try:
             self.progress.bar.close()
+            if self.finished:
+                wall_time, result = datetime.timedelta(seconds=int(time.time() - self.start_time)), self.result or {}
+                self.progress.say(f"finished {self.args.total_timesteps} steps in {wall_time}: final eval "
+                                  f"{result.get('eval_mean', 0):.1f} +- {result.get('eval_std', 0):.1f}; {self.dir}")
             self.metrics.writer.close()
             if self.args.track:
                 importlib.import_module("wandb").finish()
@@ -1210,7 +1179,7 @@ class Run:
             os.close(self.lock)
             for s, handler in self.handlers.items():
                 signal.signal(s, handler)
-        if self.signal and self.finished:
+        if self.signal and self.finished:  # after the run's last checkpoint and files: nothing left to save
             self.progress.say(f"{signal.Signals(self.signal).name} at the end of the run: it finished, every file "
                               "written", sys.stderr)
             sys.exit(128 + self.signal)

@@ -62,7 +62,7 @@ COMMON = {
 }
 # The cases of the run machinery rebuilt (issue 19); the scripts that have it so far.
 LIFECYCLE = {
-    "negative seed": (["--seed", "-1"], "--seed must lie in [0, 2**31)"),
+    "negative seed": (["--seed", "-1"], "--seed must be non-negative, got -1"),
     "seed too large": (["--seed", str(2**32)], "--seed must lie in [0, 2**31)"),
     "exp name with a slash": (["--exp-name", "a/../b"], "--exp-name 'a/../b' must be a plain file name"),
     "exp name too long": (["--exp-name", "x" * 300], "must be a plain file name of 1-100"),

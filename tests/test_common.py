@@ -145,7 +145,7 @@ def test_nonfinite_loss_stops_naming_it_and_its_window(script, tmp_path, monkeyp
     logged. (Issue 35: a running sum between log points, so the line names a window, not an update. ERL logs at its
     generations' ends: there a window is a generation's updates.)"""
     module = importlib.import_module(script)
-    record, steps, poisoned_name = module.Run.record, {}, []
+    record, steps, poisoned_name = module.Metrics.record, {}, []
 
     def poisoned(self, global_step, update, **metrics):
         steps[update] = global_step
@@ -154,7 +154,7 @@ def test_nonfinite_loss_stops_naming_it_and_its_window(script, tmp_path, monkeyp
             metrics[poisoned_name[0]] = metrics[poisoned_name[0]] * float("nan")
         return record(self, global_step, update, **metrics)
 
-    monkeypatch.setattr(module.Run, "record", poisoned)
+    monkeypatch.setattr(module.Metrics, "record", poisoned)
     log_freq = 20 if "log_freq" in module.Args.__dataclass_fields__ else None
     flags = flags_with(TINY, total_timesteps=2000, eval_freq=0, checkpoint_freq=210)
     flags = flags_with(flags, log_freq=log_freq) if log_freq else flags

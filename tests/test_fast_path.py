@@ -143,13 +143,13 @@ def test_compile_matches_eager_and_compiles_once(script, tmp_path, monkeypatch):
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     module, graphs = importlib.import_module(script), []
-    record = module.Run.record
+    record = module.Metrics.record
 
     def counting(self, global_step, update, **metrics):
         graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
         return record(self, global_step, update, **metrics)
 
-    monkeypatch.setattr(module.Run, "record", counting)
+    monkeypatch.setattr(module.Metrics, "record", counting)
     # torch's own patch of its config: some pytest releases' monkeypatch deletes a config entry when it restores it
     with torch._inductor.config.patch(fallback_random=True):
         compiled = run_main(script, flags, tmp_path / "compiled", monkeypatch)

@@ -63,10 +63,12 @@ def test_algorithm_above_one_banner_and_machinery_below(script):
     assert "Run" in below
     assert {"check_args", "check_env", "read_checkpoint", "evaluate", "claim_run_dir", "write_atomically"} <= set(below)
     assert {"Metrics", "Progress", "Threads", "check_memory"} <= set(below)
-    run = next(node for node in tree.body if getattr(node, "name", None) == "Run")
+    run, metrics = (next(node for node in tree.body if getattr(node, "name", None) == n) for n in ("Run", "Metrics"))
     methods = {node.name for node in run.body if isinstance(node, ast.FunctionDef)}
-    assert {"evaluate_and_log", "save_checkpoint", "exit_on_signal", "record", "on_signal", "close"} <= methods
+    assert {"evaluate_and_log", "save_checkpoint", "exit_on_signal", "on_signal", "close"} <= methods
     assert "evaluate" not in methods  # one `evaluate`, the module's: Run's evaluates and logs
+    # The run's numbers (TensorBoard, the updates' metrics, the checks of what is not finite) are Metrics'.
+    assert {"record", "log", "log_episode", "check_finite"} <= {n.name for n in metrics.body if hasattr(n, "name")}
     assert all(len(line) <= 120 for line in source.splitlines())
 
 
@@ -110,19 +112,25 @@ def test_every_network_optimizer_and_buffer_is_in_the_checkpoint(script, tmp_pat
     assert seen[-1] == [], f"not in the checkpoint: {seen[-1]}"
 
 
-# Issue 35's budgets are not met yet (Part 2 at 543-576 lines); strict: a script that meets them makes this fail,
+# Issue 35's budgets are not met yet (Part 2 at 515-554 lines); strict: a script that meets them makes this fail,
 # so that the mark is taken off.
 NOT_YET = pytest.mark.xfail(strict=True, reason="issue 35's line budgets are not met yet")
 
 
 @pytest.mark.parametrize("script", [pytest.param(script, marks=NOT_YET) for script in SCRIPTS])
 def test_part_2_within_its_budget(script):
-    """Issue 35: Part 2 at most 450 lines (470 where TD7 or ERL need their own), the file within its budget, and no
-    definition in Part 2 longer than `main`: the algorithm stays the largest thing in the file."""
-    source, tree = parsed(script)
+    """Issue 35: Part 2 at most 450 lines (470 where TD7 or ERL need their own), and the file within its budget."""
+    source, _ = parsed(script)
     budget, lines = BUDGETS[script], part_2(script)
     assert len(lines) <= budget["part_2"], f"Part 2 is {len(lines)} lines"
     assert len(source.splitlines()) <= budget["file"], f"{len(source.splitlines())} lines"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_no_machinery_longer_than_main(script):
+    """Issue 35: no definition in Part 2 longer than `main`: the algorithm stays the largest thing in the file (`Run`
+    was 130-155 lines, longer than every `main`, before its numbers went to `Metrics`)."""
+    source, tree = parsed(script)
     (main,) = [node for node in tree.body if getattr(node, "name", None) == "main"]
     banner_line = source[: source.index(BANNER)].count("\n") + 1
     longest = max(

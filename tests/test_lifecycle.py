@@ -282,7 +282,7 @@ def test_video_without_what_it_needs(script, tmp_path):
     hidden.mkdir(parents=True)
     (hidden / "__init__.py").write_text("raise ImportError('No module named moviepy')")
     cases = [({"PYTHONPATH": with_path(hidden.parent)}, "--capture-video cannot record")]
-    cases += [({"MUJOCO_GL": "nosuch"}, "to record video (MUJOCO_GL=nosuch): invalid value")] if mujoco else []
+    cases += [({"MUJOCO_GL": "nosuch"}, "(MUJOCO_GL=nosuch): invalid value")] if mujoco else []
     for env, expected in cases:
         process = start_cli(script, flags + ["--capture-video"], tmp_path, **env)
         stderr = process.communicate(timeout=300)[1]
