@@ -89,7 +89,9 @@ def td7_run(tmp_path, monkeypatch, total_timesteps, **overrides):
         checkpoint_freq=total_timesteps,
         **overrides,
     )
-    run = run_main("td7_continuous", flags + ["--no-checkpoints"], tmp_path / str(total_timesteps), monkeypatch)
+    # A directory per run: two runs of the same length in the same second would otherwise share a run name.
+    run_dir = tmp_path / str(len(list(tmp_path.iterdir())))
+    run = run_main("td7_continuous", flags + ["--no-checkpoints"], run_dir, monkeypatch)
     checkpoint = load_checkpoint(run["run_dir"])
     return checkpoint["state"], checkpoint["loop"]["num_updates"]
 
