@@ -876,8 +876,7 @@ def check_memory(device, buffer_bytes):
 
 
 class Threads:
-    """--torch-threads 0 (benchmark/results/threads.md): every 2 s, as many threads as this process's CPUs that others
-    left idle (a core a fifth used is busy): fewer at once, more after two idle checks in a row; one if none says."""
+    """--torch-threads 0 (threads.md): from one, every 2 s as many threads as the CPUs that others left idle."""
 
     def __init__(self):
         self.most, self.rising, self.last = torch.get_num_threads(), False, self.reading()
@@ -893,9 +892,8 @@ class Threads:
     def choose(self):
         now, was, threads = self.reading(), self.last, torch.get_num_threads()
         idle = now[2] - max(now[1] - was[1], 0.0) / max(now[0] - was[0], 1e-3) if now and was else 1
-        fits = max(1, min(self.most, int(idle + 0.2)))
-        if fits < threads or fits > threads and self.rising:
-            torch.set_num_threads(fits)
+        fits = max(1, min(self.most, int(idle + 0.2)))  # (a core a fifth used is busy)
+        torch.set_num_threads(fits if fits < threads or self.rising else threads)  # fewer at once, more when two say
         self.rising, self.last, self.checked = fits > torch.get_num_threads(), now, time.monotonic()
 
 

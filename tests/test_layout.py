@@ -112,7 +112,7 @@ def test_every_network_optimizer_and_buffer_is_in_the_checkpoint(script, tmp_pat
     assert seen[-1] == [], f"not in the checkpoint: {seen[-1]}"
 
 
-# Issue 35's budgets are not met yet (Part 2 at 515-554 lines); strict: a script that meets them makes this fail,
+# Issue 35's budgets are not met yet (Part 2 at 514-552 lines); strict: a script that meets them makes this fail,
 # so that the mark is taken off.
 NOT_YET = pytest.mark.xfail(strict=True, reason="issue 35's line budgets are not met yet")
 
@@ -140,6 +140,14 @@ def test_no_machinery_longer_than_main(script):
     assert longest.end_lineno - longest.lineno <= main.end_lineno - main.lineno, (
         f"{longest.name} is {longest.end_lineno - longest.lineno + 1} lines, main {main.end_lineno - main.lineno + 1}"
     )
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_thread_rule_in_at_most_20_lines(script):
+    """Issue 35: the rule of --torch-threads 0 (`Threads`) in at most 20 lines, or the default is one thread."""
+    _, tree = parsed(script)
+    (rule,) = [node for node in tree.body if getattr(node, "name", None) == "Threads"]
+    assert rule.end_lineno - rule.lineno + 1 <= 20, f"Threads is {rule.end_lineno - rule.lineno + 1} lines"
 
 
 @pytest.mark.parametrize(
