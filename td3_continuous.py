@@ -545,7 +545,7 @@ def check_memory(device, buffer_bytes):
 
 
 class Threads:
-    """--torch-threads 0 (threads.md): from one, every 2 s as many threads as the CPUs that others left idle."""
+    """--torch-threads 0 (benchmark/results/threads.md): every 2 s, as many threads as the CPUs others left idle."""
 
     def __init__(self):
         self.most, self.rising, self.last = torch.get_num_threads(), False, self.reading()

@@ -144,7 +144,7 @@ def test_no_machinery_longer_than_main(script):
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_thread_rule_in_at_most_20_lines(script):
-    """Issue 35: the rule of --torch-threads 0 (`Threads`) in at most 20 lines, or the default is one thread."""
+    """Issue 35: the rule of --torch-threads 0 (`Threads`) in at most 20 lines."""
     _, tree = parsed(script)
     (rule,) = [node for node in tree.body if getattr(node, "name", None) == "Threads"]
     assert rule.end_lineno - rule.lineno + 1 <= 20, f"Threads is {rule.end_lineno - rule.lineno + 1} lines"
