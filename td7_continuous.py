@@ -743,8 +743,7 @@ def check_env(args):
 
 
 def read_checkpoint(path, args=None):
-    """The checkpoint.pt of this script at `path`, or one line saying why not; with `args`, one made with the same
-    algorithm flags and with steps left to run."""
+    """This script's checkpoint.pt at `path`, or one line why not; with `args`: same algorithm flags, steps left."""
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     except Exception as e:
@@ -767,8 +766,7 @@ def read_checkpoint(path, args=None):
 
 
 def restore(checkpoint, state, envs, start):
-    """Load a checkpoint into `state`, the envs and the RNGs, and return the loop's values named in `start`; one that
-    does not fit (an env whose spaces changed under its id) is refused."""
+    """Load a checkpoint into `state`, the envs and RNGs and return the loop's values; one line if it does not fit."""
     try:
         for name, value in state.items():
             if isinstance(value, np.random.Generator):
@@ -844,9 +842,8 @@ def accelerate(step, args):
 
 
 class CudaGraph:
-    """--cudagraphs: `step` runs eagerly for `warmup` calls on a side stream (optimizer state, compilation), is then
-    captured once and replayed: one launch per update instead of one per kernel. It may only read and write tensors
-    that stay in place, and it returns the same output tensors, overwritten, at every replay."""
+    """--cudagraphs: `step` runs eagerly `warmup` times on a side stream, is captured once, then replayed (one launch an
+    update); it may only use tensors that stay in place, and returns the same output tensors, overwritten, each time."""
 
     def __init__(self, step, warmup=3):
         self.step, self.warmup, self.graph = step, warmup, None
@@ -924,8 +921,7 @@ def evaluate(policy, env_id, episodes, seed, device, stop, video_folder=None, vi
 
 
 def write_atomically(path, write, mode="w"):
-    """Write `path` whole or not at all: into path.tmp, synced, renamed over it (the lock makes this process the one
-    writer). A failed write (a full disk) ends the run with one line, the previous file whole."""
+    """`path` whole or not at all (path.tmp, synced, renamed); a failed write (a full disk): one line, old file kept."""
     try:
         with open(path + ".tmp", mode) as f:
             write(f)
@@ -940,13 +936,11 @@ def write_atomically(path, write, mode="w"):
 
 
 def claim_run_dir(args):
-    """The run's directory, runs/{run_name} made here (or the --resume checkpoint's), and its lock: a file naming the
-    process that holds it, so that a second is refused naming the first; removed when the run ends."""
+    """runs/{run_name} made (or --resume's) and locked by a file naming this process: a second writer is refused."""
     name = f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     path = os.path.dirname(os.path.abspath(args.resume)) if args.resume else os.path.abspath(os.path.join("runs", name))
     try:
-        if not args.resume:
-            os.makedirs(path)
+        os.makedirs(path, exist_ok=bool(args.resume))
         lock = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except FileExistsError:
@@ -960,24 +954,21 @@ def claim_run_dir(args):
     return path, lock
 
 
-def start_wandb(args, path):
-    """--track: W&B syncing the run's TensorBoard files, or one line saying why not."""
-    try:
-        importlib.import_module("wandb").init(
-            project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, dir=path, resume="allow",
-            config=asdict(args), name=os.path.basename(path), id=os.path.basename(path)[-64:].replace(".", "-"))
-    except Exception as e:  # no key, a key wandb refuses, no server, an unknown entity
-        fail("--track: wandb cannot start (wandb login, or WANDB_MODE=offline)", e)
-
-
 class Metrics:
-    """The run's numbers in TensorBoard: episodes, and the updates' metrics as a running sum and count on the device,
-    read (one wait), checked and logged every --log-freq updates; a non-finite one, or a non-finite host array, stops
-    the run. A checkpoint keeps the sum: a resumed run logs what a straight one does."""
+    """The run's numbers in TensorBoard; the updates' metrics summed on the device, read (one wait), checked and logged
+    every --log-freq updates. A checkpoint keeps the sum: a resumed run logs what a straight one does."""
 
     def __init__(self, args, path, device, stop, purge_step=None, names=(), sum=None, count=0, window=(0, 0, 0, 0)):
         self.args, self.stop, self.names, self.count, self.window = args, stop, list(names), count, list(window)
         self.sum, self.sps_start = None if sum is None else sum.to(device), None  # (this process's first update)
+        if args.track:  # W&B syncing the TensorBoard files (started before the writer), or one line saying why not
+            name = os.path.basename(path)
+            try:
+                importlib.import_module("wandb").init(
+                    project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, dir=path,
+                    resume="allow", config=asdict(args), name=name, id=name[-64:].replace(".", "-"))
+            except Exception as e:  # no key, a key wandb refuses, no server, an unknown entity
+                fail("--track: wandb cannot start (wandb login, or WANDB_MODE=offline)", e)
         self.writer = SummaryWriter(path, purge_step=purge_step)  # points after it, of the run resumed, are dropped
         table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
         self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
@@ -1023,9 +1014,8 @@ class Metrics:
 
 
 class Progress:
-    """The progress bar (tqdm): on a terminal at its width, under the run's lines; in a log (a sweep, Slurm) a line a
-    minute without carriage returns. Its ETA is timed from this process's first update, when the speed is known.
-    And torch's threads: --torch-threads, or with 0 the rule of `Threads`, shown on the bar."""
+    """tqdm's bar, on a terminal under the run's lines, in a log a line a minute; its ETA timed from this process's
+    first update. And torch's threads: --torch-threads, or with 0 the rule of `Threads`, shown on the bar."""
 
     def __init__(self, args, global_step, num_updates, last_eval):
         self.tty, self.first, self.checked = sys.stdout.isatty(), None, time.monotonic()
@@ -1061,8 +1051,7 @@ class Progress:
 
 
 class Run:
-    """One run as it goes: its directory and files (args.json, evaluations.csv, TensorBoard, W&B, model.pt), metrics,
-    progress, evaluations, checkpoints and signals. A signal only sets a flag, which the loop and an evaluation poll."""
+    """A run's directory, files, evaluations, checkpoints and signals (a flag, which the loop and evaluations poll)."""
 
     def __init__(self, args, checkpoint, device):
         self.args, self.device, self.signal, self.finished, self.result = args, device, None, False, None
@@ -1073,8 +1062,6 @@ class Run:
         self.start_time = time.time() - saved["wall_time"]
         write_atomically(f"{self.dir}/args.json", lambda f: json.dump({**asdict(args), "device": str(device)}, f))
         self.write_evaluations()  # on resume: the rows up to the checkpoint, dropping any made after it
-        if args.track:
-            start_wandb(args, self.dir)
         loop = checkpoint["loop"] if checkpoint else {"global_step": 0, "num_updates": 0}
         purge_step = loop["global_step"] + 1 if checkpoint else None
         self.metrics = Metrics(args, self.dir, device, self.stop_on, purge_step, **saved.get("metrics", {}))
@@ -1149,20 +1136,18 @@ class Run:
 
     def close(self):
         """A finished run's closing line; the files closed, the lock removed, the signals given back."""
-        try:
-            self.progress.bar.close()
-            if self.finished:
-                wall_time, result = datetime.timedelta(seconds=int(time.time() - self.start_time)), self.result or {}
-                self.progress.say(f"finished {self.args.total_timesteps} steps in {wall_time}: final eval "
-                                  f"{result.get('eval_mean', 0):.1f} +- {result.get('eval_std', 0):.1f}; {self.dir}")
-            self.metrics.writer.close()
-            if self.args.track:
-                importlib.import_module("wandb").finish()
-        finally:
-            os.remove(f"{self.dir}/lock")
-            os.close(self.lock)
-            for s, handler in self.handlers.items():
-                signal.signal(s, handler)
+        self.progress.bar.close()
+        if self.finished:
+            wall_time, result = datetime.timedelta(seconds=int(time.time() - self.start_time)), self.result or {}
+            self.progress.say(f"finished {self.args.total_timesteps} steps in {wall_time}: final eval "
+                              f"{result.get('eval_mean', 0):.1f} +- {result.get('eval_std', 0):.1f}; {self.dir}")
+        self.metrics.writer.close()
+        if self.args.track:
+            importlib.import_module("wandb").finish()
+        os.remove(f"{self.dir}/lock")
+        os.close(self.lock)
+        for s, handler in self.handlers.items():
+            signal.signal(s, handler)
         if self.signal and self.finished:  # after the run's last checkpoint and files: nothing left to save
             self.progress.say(f"{signal.Signals(self.signal).name} at the end of the run: it finished, every file "
                               "written", sys.stderr)
