@@ -1172,16 +1172,17 @@ class Run:
         learner = [float(np.mean(learner_returns)), float(np.std(learner_returns))]  # ERL
         self.metrics.writer.add_scalar("eval/learner_episodic_return", learner[0], global_step)  # ERL
         wall_time = round(time.time() - self.start_time, 1)
-        self.evaluations.append([global_step, wall_time, mean, std, " ".join(f"{r:.2f}" for r in returns), *learner])
+        self.evaluations.append([global_step, wall_time, mean, std, " ".join(f"{r:.2f}" for r in returns)])
+        self.evaluations[-1] += learner  # ERL
         self.write_evaluations()
-        self.result = {"run_dir": self.dir, "global_step": global_step, "eval_mean": mean, "eval_std": std,
-                       "learner_eval_mean": learner[0]}  # ERL
+        self.result = {"run_dir": self.dir, "global_step": global_step, "eval_mean": mean, "eval_std": std}
+        self.result["learner_eval_mean"] = learner[0]  # ERL
         self.progress.last_eval = f"{mean:.1f} +- {std:.1f}"
         self.progress.say(f"step {global_step}/{self.args.total_timesteps} | eval return {self.progress.last_eval}")
 
     def write_evaluations(self):
-        rows = [["global_step", "wall_time_s", "mean_return", "std_return", "returns", "learner_mean_return",
-                 "learner_std_return"], *self.evaluations]  # ERL: the learner's columns
+        rows = [["global_step", "wall_time_s", "mean_return", "std_return", "returns"], *self.evaluations]
+        rows[0] += ["learner_mean_return", "learner_std_return"]  # ERL: the learner's columns
         write_atomically(f"{self.dir}/evaluations.csv", lambda f: csv.writer(f).writerows(rows))
 
     def save_checkpoint(self, state, envs, **loop):
@@ -1190,8 +1191,8 @@ class Run:
         rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
                "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None}
         run = {"wall_time": time.time() - self.start_time, "evaluations": self.evaluations,
-               "evaluation_due": self.evaluation_due, "metrics": self.metrics.state_dict(),
-               "best_return": self.best_return}  # ERL
+               "evaluation_due": self.evaluation_due, "metrics": self.metrics.state_dict()}
+        run["best_return"] = self.best_return  # ERL
         state = {k: v.bit_generator.state if isinstance(v, np.random.Generator)
                  else v.cpu() if isinstance(v, torch.Tensor) else v.state_dict()  # ERL's population
                  for k, v in state.items()}
@@ -1200,8 +1201,7 @@ class Run:
         write_atomically(f"{self.dir}/checkpoint.pt", partial(torch.save, checkpoint), mode="wb")
 
     def exit_on_signal(self, global_step, updates_due):
-        """After a signal an unfinished run (ERL's: its generation's updates left too) ends here with one line and 128
-        + signal (a finished one, in close)."""
+        """After a signal an unfinished run (ERL's: or its generation's updates) ends here: one line, 128 + signal."""
         if self.signal and (global_step < self.args.total_timesteps or self.evaluation_due or updates_due):
             self.progress.say(f"{signal.Signals(self.signal).name} at global_step {global_step}: checkpoint written; "
                               f"continue with --resume {self.dir}/checkpoint.pt", sys.stderr)

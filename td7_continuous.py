@@ -1116,8 +1116,7 @@ class Run:
         write_atomically(f"{self.dir}/checkpoint.pt", partial(torch.save, checkpoint), mode="wb")
 
     def exit_on_signal(self, global_step, updates_due):
-        """After a signal an unfinished run (TD7's: its burst's updates left too) ends here with one line and 128 +
-        signal (a finished one, in close)."""
+        """After a signal an unfinished run (TD7's: or its burst) ends here with one line and 128 + signal."""
         if self.signal and (global_step < self.args.total_timesteps or self.evaluation_due or updates_due):
             self.progress.say(f"{signal.Signals(self.signal).name} at global_step {global_step}: checkpoint written; "
                               f"continue with --resume {self.dir}/checkpoint.pt", sys.stderr)
