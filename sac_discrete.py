@@ -976,8 +976,8 @@ def claim_run_dir(args):
 
 
 class Metrics:
-    """The run's numbers in TensorBoard; the updates' metrics summed on the device, read (one wait), checked and logged
-    every --log-freq updates. A checkpoint keeps the sum: a resumed run logs what a straight one does."""
+    """The run's numbers in TensorBoard (and W&B); the updates' metrics summed on the device, read (one wait), checked
+    and logged every --log-freq updates. A checkpoint keeps the sum: a resumed run logs what a straight one does."""
 
     def __init__(self, args, path, device, stop, purge_step=None, names=(), sum=None, count=0, window=(0, 0, 0, 0)):
         self.args, self.stop, self.names, self.count, self.window = args, stop, list(names), count, list(window)
@@ -1150,18 +1150,20 @@ class Run:
 
     def close(self):
         """A finished run's closing line; the files closed, the lock removed, the signals given back."""
-        self.progress.bar.close()
-        if self.finished:
-            wall_time, result = datetime.timedelta(seconds=int(time.time() - self.start_time)), self.result or {}
-            self.progress.say(f"finished {self.args.total_timesteps} steps in {wall_time}: final eval "
-                              f"{result.get('eval_mean', 0):.1f} +- {result.get('eval_std', 0):.1f}; {self.dir}")
-        self.metrics.writer.close()
-        if self.args.track:
-            importlib.import_module("wandb").finish()
-        os.remove(f"{self.dir}/lock")
-        os.close(self.lock)
-        for s, handler in self.handlers.items():
-            signal.signal(s, handler)
+        try:  # (a closed pipe or a full disk may raise here: the lock still goes, the signals still come back)
+            self.progress.bar.close()
+            if self.finished:
+                wall_time = datetime.timedelta(seconds=int(time.time() - self.start_time))
+                self.progress.say(f"finished {self.args.total_timesteps} steps in {wall_time}: final eval "
+                                  f"{self.progress.last_eval}; {self.dir}")
+            self.metrics.writer.close()
+            if self.args.track:
+                importlib.import_module("wandb").finish()
+        finally:
+            os.remove(f"{self.dir}/lock")
+            os.close(self.lock)
+            for s, handler in self.handlers.items():
+                signal.signal(s, handler)
         if self.signal and self.finished:  # after the run's last checkpoint and files: nothing left to save
             self.progress.say(f"{signal.Signals(self.signal).name} at the end of the run: it finished, every file "
                               "written", sys.stderr)

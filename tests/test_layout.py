@@ -112,7 +112,7 @@ def test_every_network_optimizer_and_buffer_is_in_the_checkpoint(script, tmp_pat
     assert seen[-1] == [], f"not in the checkpoint: {seen[-1]}"
 
 
-# Issue 35's budgets are not met yet (Part 2 at 500-538 lines); strict: a script that meets them makes this fail,
+# Issue 35's budgets are not met yet (Part 2 at 501-539 lines); strict: a script that meets them makes this fail,
 # so that the mark is taken off.
 NOT_YET = pytest.mark.xfail(strict=True, reason="issue 35's line budgets are not met yet")
 
