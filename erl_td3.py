@@ -705,7 +705,6 @@ def main(args):
 WATCH_FLAGS = {"total_timesteps", "resume", "track", "wandb_project_name", "wandb_entity", "capture_video"}
 WATCH_FLAGS |= {"save_model", "eval_freq", "eval_episodes", "checkpoint_freq", "log_freq", "torch_threads", "cuda"}
 EPISODE_VALUES = []  # ERL: no episode runs across a checkpoint (each generation resets the envs)
-EVAL_STEP_LIMIT = 10_000  # the longest evaluation episode of an env without a time limit (MuJoCo's is 1,000)
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -724,42 +723,28 @@ def exit_outside_the_run(signum, frame):
     os._exit(128 + signum)
 
 
-def parse_args():
-    """The command line, in tyro's words; with --resume, the checkpoint's arguments are the defaults."""
-    args = tyro.cli(Args)
-    if args.resume:
-        saved = read_checkpoint(args.resume)["args"]
-        args = tyro.cli(Args, default=Args(**{k: saved[k] for k in Args.__dataclass_fields__ if k in saved}))
-    return args
-
-
 def check_args(args):
     """Every numeric flag finite and non-negative (some positive or in [0, 1]), and the flags together, before a run."""
     positive = ["total_timesteps", "num_envs", "buffer_size", "batch_size", "eval_episodes", "log_freq", "tau"]
     positive += ["policy_frequency", "learning_rate"]
     positive += ["num_rl_agents", "pop_size", "num_elites", "tournament_size", "episodes_for_fitness"]  # ERL's too
     positive += ["rl_injection_interval", "weight_max_magnitude", "actor_hidden", "learner_init_scale"]
-    unit_interval = ["gamma", "tau", "crossover_prob", "mutation_prob", "mutation_frac", "super_mutation_prob"]
-    unit_interval += ["reset_prob"]  # ERL's
+    unit_interval = ["crossover_prob", "mutation_prob", "mutation_frac", "super_mutation_prob", "reset_prob"]  # ERL's
     for name, value in asdict(args).items():
         flag = "--" + name.replace("_", "-")
         if isinstance(value, float) and not np.isfinite(value):
             fail(f"{flag} must be a finite number, got {value}")
         if isinstance(value, (int, float)) and (value <= 0 if name in positive else value < 0):
             fail(f"{flag} must be {'positive' if name in positive else 'non-negative'}, got {value}")
-        if name in unit_interval and not 0 <= value <= 1:
+        if name in ["gamma", "tau", *unit_interval] and not 0 <= value <= 1:
             fail(f"{flag} must lie in [0, 1], got {value}")
     problems = {
         f"--seed must lie in [0, 2**31), got {args.seed}": not 0 <= args.seed < 2**31,
         "--eval-episodes must be at most 1000": args.eval_episodes > 1000,
-        f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}": args.batch_size
-        > args.buffer_size,
-        f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}: no update "
-        "would happen": args.learning_starts >= args.total_timesteps,
-        f"--learning-starts {args.learning_starts} (transitions stored) is not below --buffer-size {args.buffer_size}:"
-        " no update would happen": args.learning_starts >= args.buffer_size,
-        f"--num-elites {args.num_elites} plus --num-rl-agents {args.num_rl_agents} exceed --pop-size {args.pop_size}: "
-        "no room for the elites beside the learners' copies": args.num_elites + args.num_rl_agents > args.pop_size,
+        f"--batch-size {args.batch_size} is larger than --buffer-size": args.batch_size > args.buffer_size,
+        "--learning-starts must be below --total-timesteps": args.learning_starts >= args.total_timesteps,
+        "--learning-starts must be below --buffer-size": args.learning_starts >= args.buffer_size,  # ERL's rules
+        "--num-elites plus --num-rl-agents exceed --pop-size": args.num_elites + args.num_rl_agents > args.pop_size,
         f"--exp-name {args.exp_name!r} must be a plain file name of 1-100 characters": not (
             0 < len(args.exp_name) <= 100 and "/" not in args.exp_name and not args.exp_name.startswith(".")),
         "--resume needs the path of a checkpoint.pt": args.resume == "",
@@ -897,9 +882,7 @@ class Threads:
 
 def accelerate(step, args):
     """An update step (a callable without arguments) as it is, torch.compile'd, and/or replayed as a CUDA graph."""
-    # ERL: the learners' steps are made from one function, one compilation each, and dynamo silently runs a function
-    # eagerly once it has compiled it cache_size_limit times (8): each step made raises the limit by one.
-    torch._dynamo.config.cache_size_limit += 1
+    torch._dynamo.config.cache_size_limit += 1  # ERL: a compile per learner of one function; past 8 dynamo runs eagerly
     step = torch.compile(step) if args.compile else step
     return CudaGraph(step) if args.cudagraphs else step
 
@@ -963,7 +946,7 @@ def evaluate(policy, env_id, episodes, seed, device, stop, video_folder=None, vi
     """Returns of `episodes` full episodes of the deterministic `policy`, on a separate env; None once `stop()`."""
     env = gym.make(env_id, render_mode="rgb_array" if video_folder else None)
     if env.spec.max_episode_steps is None:
-        env = gym.wrappers.TimeLimit(env, EVAL_STEP_LIMIT)
+        env = gym.wrappers.TimeLimit(env, 10_000)  # an env without a time limit (MuJoCo's is 1,000 steps)
     if video_folder:
         env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda e: e == 0, name_prefix=video_prefix)
     low, high, returns = env.action_space.low, env.action_space.high, []
@@ -1129,9 +1112,8 @@ class Run:
         self.metrics = Metrics(args, self.dir, device, self.stop_on, purge_step, **saved.get("metrics", {}))
         last_eval = "{2:.1f} +- {3:.1f}".format(*self.evaluations[-1]) if self.evaluations else "-"
         self.progress = Progress(args, loop["global_step"], loop["num_updates"], last_eval)
-        self.progress.say(f"run {self.dir}: {args.env_id}, {args.total_timesteps} steps on {device}")
-        if checkpoint:
-            self.progress.say(f"resumed {self.dir} at global_step {loop['global_step']}")
+        start = f"resumed {self.dir} at global_step {loop['global_step']}" if checkpoint else f"run {self.dir}"
+        self.progress.say(f"{start}: {args.env_id}, {args.total_timesteps} steps on {device}")
 
     def on_signal(self, signum, frame):
         self.signal = signum
@@ -1230,16 +1212,18 @@ class Run:
             for s, handler in self.handlers.items():
                 signal.signal(s, handler)
         if self.signal and self.finished:  # after the run's last checkpoint and files: nothing left to save
-            self.progress.say(f"{signal.Signals(self.signal).name} at the end of the run: it finished, every file "
-                              "written", sys.stderr)
-            sys.exit(128 + self.signal)
+            exit_outside_the_run(self.signal, None)
 
 
 if __name__ == "__main__":
     for s in SIGNALS:
         signal.signal(s, exit_outside_the_run)
+    args = tyro.cli(Args)
+    if args.resume:  # the checkpoint's arguments are the defaults
+        saved = read_checkpoint(args.resume)["args"]
+        args = tyro.cli(Args, default=Args(**{k: saved[k] for k in Args.__dataclass_fields__ if k in saved}))
     try:
-        main(parse_args())
+        main(args)
     except RuntimeError as e:  # an allocation the memory check let through (CUDA's OutOfMemoryError is one too)
         if "alloc" not in str(e):
             raise

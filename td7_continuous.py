@@ -643,7 +643,6 @@ WATCH_FLAGS |= {"save_buffer"}  # TD7's: a file written at the end
 OFFLINE_IGNORES = ["buffer_size", "learning_starts", "exploration_noise", "num_envs", "checkpoints"]
 OFFLINE_IGNORES += ["max_eps_when_checkpointing", "steps_before_checkpointing", "reset_weight"]
 EPISODE_VALUES = ["obs", "episode_return", "episode_length"]  # the loop's values of the envs' running episodes
-EVAL_STEP_LIMIT = 10_000  # the longest evaluation episode of an env without a time limit (MuJoCo's is 1,000)
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -660,17 +659,6 @@ def exit_outside_the_run(signum, frame):
         print(f"{signal.Signals(signum).name} outside the run (before it started or after it ended): nothing to save",
               file=sys.stderr)
     os._exit(128 + signum)
-
-
-def parse_args():
-    """The command line, in tyro's words; with --resume, the checkpoint's arguments are the defaults."""
-    args = tyro.cli(Args)
-    if args.resume:
-        saved = read_checkpoint(args.resume)["args"]
-        args = tyro.cli(Args, default=Args(**{k: saved[k] for k in Args.__dataclass_fields__ if k in saved}))
-    if args.dataset:  # TD7's: the file, whatever directory a resume runs in
-        args.dataset = os.path.abspath(args.dataset)
-    return args
 
 
 def check_args(args):
@@ -692,10 +680,9 @@ def check_args(args):
     problems = {
         f"--seed must lie in [0, 2**31), got {args.seed}": not 0 <= args.seed < 2**31,
         "--eval-episodes must be at most 1000": args.eval_episodes > 1000,
-        f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}": args.batch_size
-        > args.buffer_size,
-        f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}: no update "
-        "would happen": args.learning_starts >= args.total_timesteps and not args.offline,  # TD7: offline has none
+        f"--batch-size {args.batch_size} is larger than --buffer-size": args.batch_size > args.buffer_size,
+        "--learning-starts must be below --total-timesteps": args.learning_starts >= args.total_timesteps
+        and not args.offline,  # TD7: offline has none
         f"--exp-name {args.exp_name!r} must be a plain file name of 1-100 characters": not (
             0 < len(args.exp_name) <= 100 and "/" not in args.exp_name and not args.exp_name.startswith(".")),
         "--resume needs the path of a checkpoint.pt": args.resume == "",
@@ -900,7 +887,7 @@ def evaluate(policy, env_id, episodes, seed, device, stop, video_folder=None, vi
     """Returns of `episodes` full episodes of the deterministic `policy`, on a separate env; None once `stop()`."""
     env = gym.make(env_id, render_mode="rgb_array" if video_folder else None)
     if env.spec.max_episode_steps is None:
-        env = gym.wrappers.TimeLimit(env, EVAL_STEP_LIMIT)
+        env = gym.wrappers.TimeLimit(env, 10_000)  # an env without a time limit (MuJoCo's is 1,000 steps)
     if video_folder:
         env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda e: e == 0, name_prefix=video_prefix)
     low, high, returns = env.action_space.low, env.action_space.high, []
@@ -1067,9 +1054,8 @@ class Run:
         self.metrics = Metrics(args, self.dir, device, self.stop_on, purge_step, **saved.get("metrics", {}))
         last_eval = "{2:.1f} +- {3:.1f}".format(*self.evaluations[-1]) if self.evaluations else "-"
         self.progress = Progress(args, loop["global_step"], loop["num_updates"], last_eval)
-        self.progress.say(f"run {self.dir}: {args.env_id}, {args.total_timesteps} steps on {device}")
-        if checkpoint:
-            self.progress.say(f"resumed {self.dir} at global_step {loop['global_step']}")
+        start = f"resumed {self.dir} at global_step {loop['global_step']}" if checkpoint else f"run {self.dir}"
+        self.progress.say(f"{start}: {args.env_id}, {args.total_timesteps} steps on {device}")
 
     def on_signal(self, signum, frame):
         self.signal = signum
@@ -1150,16 +1136,20 @@ class Run:
             for s, handler in self.handlers.items():
                 signal.signal(s, handler)
         if self.signal and self.finished:  # after the run's last checkpoint and files: nothing left to save
-            self.progress.say(f"{signal.Signals(self.signal).name} at the end of the run: it finished, every file "
-                              "written", sys.stderr)
-            sys.exit(128 + self.signal)
+            exit_outside_the_run(self.signal, None)
 
 
 if __name__ == "__main__":
     for s in SIGNALS:
         signal.signal(s, exit_outside_the_run)
+    args = tyro.cli(Args)
+    if args.resume:  # the checkpoint's arguments are the defaults
+        saved = read_checkpoint(args.resume)["args"]
+        args = tyro.cli(Args, default=Args(**{k: saved[k] for k in Args.__dataclass_fields__ if k in saved}))
+    if args.dataset:  # TD7's: the file, whatever directory a resume runs in
+        args.dataset = os.path.abspath(args.dataset)
     try:
-        main(parse_args())
+        main(args)
     except RuntimeError as e:  # an allocation the memory check let through (CUDA's OutOfMemoryError is one too)
         if "alloc" not in str(e):
             raise

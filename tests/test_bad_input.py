@@ -39,7 +39,7 @@ COMMON = {
     "zero steps": (["--total-timesteps", "0"], "--total-timesteps must be positive"),
     "negative buffer": (["--buffer-size", "-5"], "--buffer-size must be positive"),
     "batch above buffer": (["--batch-size", "512", "--buffer-size", "100"], "--batch-size 512 is larger"),
-    "no update would happen": (["--total-timesteps", "1000", "--learning-starts", "1000"], "--learning-starts 1000"),
+    "no update would happen": (["--total-timesteps", "1000", "--learning-starts", "1000"], "--learning-starts must be"),
     "replay larger than memory": (["--buffer-size", "1000000000000"], "lower --buffer-size"),
     "missing resume": (["--resume", "missing.pt"], "cannot read --resume file missing.pt"),
     "garbage resume": (["--resume", "garbage.pt"], "cannot read --resume file garbage.pt"),
@@ -115,7 +115,7 @@ OWN = {
         "no elite": (["--num-elites", "0"], "--num-elites must be positive"),
         "learning starts beyond the buffer": (
             ["--learning-starts", "300", "--buffer-size", "200"],
-            "--learning-starts 300",
+            "--learning-starts must be below --buffer-size",
         ),
         "probability above one": (["--mutation-prob", "1.5"], "--mutation-prob must lie in [0, 1]"),
     },

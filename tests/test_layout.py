@@ -112,7 +112,7 @@ def test_every_network_optimizer_and_buffer_is_in_the_checkpoint(script, tmp_pat
     assert seen[-1] == [], f"not in the checkpoint: {seen[-1]}"
 
 
-# Issue 35's budgets are not met yet (Part 2 at 501-539 lines); strict: a script that meets them makes this fail,
+# Issue 35's budgets are not met yet (Part 2 at 486-519 lines); strict: a script that meets them makes this fail,
 # so that the mark is taken off.
 NOT_YET = pytest.mark.xfail(strict=True, reason="issue 35's line budgets are not met yet")
 
@@ -150,10 +150,7 @@ def test_thread_rule_in_at_most_20_lines(script):
     assert rule.end_lineno - rule.lineno + 1 <= 20, f"Threads is {rule.end_lineno - rule.lineno + 1} lines"
 
 
-@pytest.mark.parametrize(
-    "script",
-    [pytest.param(s, marks=NOT_YET) if s == "erl_td3" else s for s in SCRIPTS if s != "td3_continuous"],
-)
+@pytest.mark.parametrize("script", [s for s in SCRIPTS if s != "td3_continuous"])
 def test_part_2_differs_from_td3s_only_in_its_algorithms_needs(script, tmp_path):
     """Issue 35: the Part 2s are the same text wherever the need is the same: `diff` against td3's shows at most 60
     lines (lines of either side that differ)."""
