@@ -744,7 +744,7 @@ class Progress:
         self.bar = tqdm(total=args.total_timesteps, initial=global_step, dynamic_ncols=True, miniters=1,
                         mininterval=1 if self.tty else 60, delay=1 if self.tty else 60, postfix="ETA ?",
                         file=sys.stdout if self.tty else lines,
-                        bar_format="{percentage:3.0f}%|{bar}| {n}/{total} steps [{postfix}]")
+                        bar_format="{percentage:3.0f}%|{bar}| {n}/{total} steps{postfix}")  # tqdm: ", " + postfix
 
     def update(self, global_step, num_updates):
         now = time.monotonic()

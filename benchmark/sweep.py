@@ -105,7 +105,7 @@ def last_line(log):
             f.seek(max(0, os.path.getsize(log) - 4096))
             lines = f.read().decode(errors="replace").replace("\r", "\n").split("\n")
             line = next((line.strip() for line in reversed(lines) if line.strip()), "")
-            return re.sub(r"^\s*\d+%\|[^|]*\|\s*", "", line)  # "25%|██▌       | 75000/300000 steps [...]"
+            return re.sub(r"^\s*\d+%\|[^|]*\|\s*", "", line)  # "25%|██▌       | 75000/300000 steps, ETA ..."
     return ""
 
 

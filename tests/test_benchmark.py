@@ -180,7 +180,7 @@ def test_sweep_status_line_fits_the_terminal(tmp_path, monkeypatch, capsys):
     blocks), and never wraps."""
     from benchmark import sweep as sweep_tool
 
-    progress = " 25%|██▌       | 75000/300000 steps [ETA 5:01:28, 12 steps/s, 12 updates/s, last eval 514.8 +- 2.8]"
+    progress = " 25%|██▌       | 75000/300000 steps, ETA 5:01:28, 12 steps/s, 12 updates/s, last eval 514.8 +- 2.8"
     logs = {("Hopper-v4", seed): (None, tmp_path / f"{seed}.log") for seed in (1, 2)}
     for _, log in logs.values():
         log.write_text("run ...\n" + progress + "\n")
@@ -193,7 +193,7 @@ def test_sweep_status_line_fits_the_terminal(tmp_path, monkeypatch, capsys):
         assert len(line) <= columns - 1
         assert line.count("Hopper-v4 ") == 2 and "█" not in line, line
     assert line.endswith(
-        "Hopper-v4 2: 75000/300000 steps [ETA 5:01:28, 12 steps/s, 12 updates/s, last eval 514.8 +- 2.8]"
+        "Hopper-v4 2: 75000/300000 steps, ETA 5:01:28, 12 steps/s, 12 updates/s, last eval 514.8 +- 2.8"
     )
 
 
