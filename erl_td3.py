@@ -41,8 +41,7 @@ Deliberate choices and differences:
 - --compile and --cudagraphs (both off by default; off computes exactly what it always did) run each update
   as a compiled callable or a replayed CUDA graph: docs/fast_path.md.
 
-The file has two parts: the algorithm, from here to `main`, and below the banner after it the run
-machinery, which changes nothing that is computed.
+Two parts: the algorithm, from here to `main`; below the banner after it, the run machinery.
 """
 import contextlib
 import csv
@@ -230,10 +229,8 @@ class Actor(nn.Module):
 
 
 class Critic(nn.Module):
-    """`num_q` Q-networks (256-256 ReLU MLPs on [obs, action]) with stacked weights, run as one batched matmul.
-
-    Each head is initialised like nn.Linear. forward returns Q values of shape (num_q, batch, 1).
-    """
+    """`num_q` Q-networks (256-256 ReLU MLPs on [obs, action]) with stacked weights, run as one batched matmul; each
+    head is initialised like nn.Linear. forward returns Q values of shape (num_q, batch, 1)."""
 
     def __init__(self, obs_dim, act_dim, hidden=256, num_q=2):
         super().__init__()
@@ -269,10 +266,7 @@ class ReplayBuffer:
     """
 
     def __init__(self, capacity, obs_dim, act_dim, batch_size, learners, device):
-        self.capacity = capacity
-        self.device = device
-        self.pos = 0
-        self.full = False
+        self.capacity, self.device, self.pos, self.full = capacity, device, 0, False
         self.split = [obs_dim, act_dim, 1, 1, obs_dim]
         self.data = torch.zeros(capacity, sum(self.split), device=device)
         self.batch = torch.zeros(learners, batch_size, sum(self.split), device=device)
@@ -303,8 +297,7 @@ class ReplayBuffer:
 
     def load_state_dict(self, state):
         self.data[: len(state["data"])] = state["data"].to(self.device)
-        self.pos = state["pos"]
-        self.full = state["full"]
+        self.pos, self.full = state["pos"], state["full"]
         self.length.fill_(len(self))
 
 
@@ -568,11 +561,14 @@ def inject(weights, biases, slots, actors):
             p[slots] = q
 
 
+def crossed(step, freq, step_size):
+    """True when the last step_size steps, ending at step, crossed a multiple of freq (never when freq is 0)."""
+    return freq > 0 and step // freq != (step - step_size) // freq
+
+
 def main(args):
     check_args(args)
-    check_env(args)
     checkpoint = args.resume and read_checkpoint(args.resume, args)
-    device = choose_device(args)
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -584,7 +580,8 @@ def main(args):
     obs_dim, act_dim = learner_envs[0].observation_space.shape[0], learner_envs[0].action_space.shape[0]
     num_critics = 1 if args.shared_critic else args.num_rl_agents
     # The replay's rows, and a batch for each learner.
-    check_memory(device, (args.buffer_size + args.batch_size * args.num_rl_agents) * (2 * obs_dim + act_dim + 2) * 4)
+    device = choose_device(args, (args.buffer_size + args.batch_size * args.num_rl_agents)
+                           * (2 * obs_dim + act_dim + 2) * 4)
     # One env per individual and one per learner, each seeded once; after that their episodes follow their RNGs.
     envs = [make_env(args.env_id)() for _ in range(args.pop_size)]
     for i, env in enumerate(envs + learner_envs):
@@ -627,8 +624,7 @@ def main(args):
     global_step, num_updates, generation, fitness, injected, fates, champion, updates_due, generation_steps = (
         loop[name] for name in ("global_step", "num_updates", "generation", "fitness", "injected", "fates",
                                 "champion", "updates_due", "generation_steps"))
-    learner_returns, actor_losses = loop["learner_returns"], loop["actor_losses"]
-    actor_losses = [losses.to(device) for losses in actor_losses]
+    learner_returns, actor_losses = loop["learner_returns"], [losses.to(device) for losses in loop["actor_losses"]]
     run = Run(args, checkpoint, device)
     try:
         if run.evaluation_due:  # the checkpoint's evaluation, which a signal interrupted
@@ -658,8 +654,7 @@ def main(args):
                     run.metrics.record(global_step, num_updates + 1, qf_loss=qf_losses.mean(), qf1_loss=qf_losses[0],
                                        qf2_loss=qf_losses[1], actor_loss=actor_losses[q].mean(),
                                        qf1_values=qf_values[0], qf2_values=qf_values[1])
-                num_updates += 1
-                updates_due -= 1
+                num_updates, updates_due = num_updates + 1, updates_due - 1
 
             if not updates_due:  # (else a signal stopped the updates: the checkpoint below keeps the generation)
                 # 4. The genetic step, which also chooses the slots of the learners' copies when they are due
@@ -683,10 +678,12 @@ def main(args):
                                     champion=champion, updates_due=updates_due, generation_steps=generation_steps,
                                     learner_returns=learner_returns, actor_losses=actor_losses)
                 run.exit_on_signal(global_step, updates_due)
-        if args.save_model:
-            run.save_model({"weights": [w.cpu() for w in weights], "biases": [b.cpu() for b in biases],
-                            "fitness": fitness}, **{f"actor_{k}": a for k, a in enumerate(actors)},
-                           **{f"qf_{k}": q for k, q in enumerate(qfs)})
+        if args.save_model:  # the final networks and the population, on the CPU, and the arguments
+            model = {f"{name}_{k}": net.cpu().state_dict() for name, nets in [("actor", actors), ("qf", qfs)]
+                     for k, net in enumerate(nets)}
+            model["population"] = {"weights": [w.cpu() for w in weights], "biases": [b.cpu() for b in biases],
+                                   "fitness": fitness}
+            write_atomically(f"{run.dir}/model.pt", partial(torch.save, {**model, "args": asdict(args)}), mode="wb")
         run.finished = True
     finally:
         for env in envs + learner_envs:
@@ -697,8 +694,7 @@ def main(args):
 
 # ======================================================================================================================
 # Part 2: the run machinery. Nothing below changes what is computed: it checks the input before anything is written,
-# owns the run's directory (one writer; every file written whole), evaluates, and ends a run on a non-finite number
-# or a signal, leaving a checkpoint that --resume continues.
+# owns the run's directory (one writer, files written whole), evaluates, and stops on a non-finite number or a signal.
 # ======================================================================================================================
 
 # Flags a resume may change: they change how a run is watched, not what it computes.
@@ -718,13 +714,13 @@ def fail(message, error=None):
 def exit_outside_the_run(signum, frame):
     """A signal before the run has its directory or after its files are written: one line, no cleanup to interrupt."""
     with contextlib.suppress(OSError):  # stderr gone with its terminal (SIGHUP): the exit still comes
-        print(f"{signal.Signals(signum).name} outside the run (before it started or after it ended): nothing to save",
-              file=sys.stderr)
+        print(f"{signal.Signals(signum).name} outside the run: nothing to save", file=sys.stderr)
     os._exit(128 + signum)
 
 
 def check_args(args):
-    """Every numeric flag finite and non-negative (some positive or in [0, 1]), and the flags together, before a run."""
+    """One line unless the numeric flags are finite and in range, the flags agree and --env-id names one version of an
+    env this script can learn (and record, with video)."""
     positive = ["total_timesteps", "num_envs", "buffer_size", "batch_size", "eval_episodes", "log_freq", "tau"]
     positive += ["policy_frequency", "learning_rate"]
     positive += ["num_rl_agents", "pop_size", "num_elites", "tournament_size", "episodes_for_fitness"]  # ERL's too
@@ -738,7 +734,10 @@ def check_args(args):
             fail(f"{flag} must be {'positive' if name in positive else 'non-negative'}, got {value}")
         if name in ["gamma", "tau", *unit_interval] and not 0 <= value <= 1:
             fail(f"{flag} must lie in [0, 1], got {value}")
+    # An --env-id without a version: gymnasium would run the latest silently, in a directory not saying which.
+    versions = sorted(i for i in gym.registry if i.rsplit("-v", 1)[0] == args.env_id)
     problems = {
+        f"--env-id {args.env_id} names no version; gymnasium has {', '.join(versions)}": bool(versions),
         f"--seed must lie in [0, 2**31), got {args.seed}": not 0 <= args.seed < 2**31,
         "--eval-episodes must be at most 1000": args.eval_episodes > 1000,
         f"--batch-size {args.batch_size} is larger than --buffer-size": args.batch_size > args.buffer_size,
@@ -754,19 +753,12 @@ def check_args(args):
     }
     for message in (message for message, problem in problems.items() if problem):
         fail(message)
-
-
-def check_env(args):
-    """One line unless --env-id names one version of an env this script can learn (and record, with video)."""
     # Nothing renders without --capture-video: no render backend (MUJOCO_GL) may stop the run.
     os.environ["MUJOCO_GL"] = os.environ.get("MUJOCO_GL", "egl") if args.capture_video else "disable"
     # MuJoCo 4 warns at each load of HalfCheetah-v4 that "'settotalmass' is deprecated", also into ./MUJOCO_LOG.TXT:
     with contextlib.suppress(Exception):  # that one is dropped, any other goes to stderr (no mujoco: said below)
         importlib.import_module("mujoco").set_mju_user_warning(
             lambda text: "'settotalmass' is deprecated" in text or print(f"WARNING: {text}", file=sys.stderr))
-    versions = sorted(i for i in gym.registry if i.rsplit("-v", 1)[0] == args.env_id)
-    if versions:  # gymnasium would run the latest silently, in a directory whose name does not say which
-        fail(f"--env-id {args.env_id} names no version; gymnasium has {', '.join(versions)}")
     try:  # gymnasium raises many kinds: unknown id, missing extra, bad module path
         env = gym.make(args.env_id, render_mode="rgb_array" if args.capture_video else None)
         if args.capture_video:  # once here, as RecordVideo will: moviepy to write a frame, and a frame
@@ -799,10 +791,8 @@ def read_checkpoint(path, args=None):
         made = checkpoint.get("script", "an older version of this script")
         fail(f"--resume file {path} was made by {made}, not {os.path.basename(__file__)}")
     for name, value in asdict(args).items() if args else ():
-        if name not in WATCH_FLAGS and checkpoint["args"].get(name) != value:
-            flag = "--" + name.replace("_", "-")
-            made = f"with {flag} {checkpoint['args'][name]}" if name in checkpoint["args"] else f"before {flag} existed"
-            fail(f"--resume file {path} was made {made}, not {value}")
+        if name not in WATCH_FLAGS and (made := checkpoint["args"].get(name)) != value:
+            fail(f"--resume file {path} was made with --{name.replace('_', '-')} {made}, not {value}")
     step = checkpoint["loop"]["global_step"]
     unfinished = checkpoint["run"]["evaluation_due"] or checkpoint["loop"]["updates_due"]  # ERL's generation's
     if args and args.total_timesteps <= step and not unfinished:  # updates can end a run
@@ -837,25 +827,22 @@ def restore(checkpoint, state, envs, start):
         fail("the --resume checkpoint does not fit this run", e)
 
 
-def choose_device(args):
-    """The training device; a warning line when --cuda finds no GPU."""
+def choose_device(args, buffer_bytes):
+    """The training device (a warning line when --cuda finds no GPU); one line unless the replay buffer fits in its
+    free memory and (a checkpoint's copy) the host's."""
     if args.cuda and not torch.cuda.is_available():
         print("warning: no GPU is available; running on the CPU", file=sys.stderr)
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
     if device.type == "cuda" and args.torch_deterministic:  # the CPU's ops are deterministic already
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition, before its first use
         torch.use_deterministic_algorithms(True, warn_only=True)  # a warning names any op that has no such version
-    return device
-
-
-def check_memory(device, buffer_bytes):
-    """One line unless the replay buffer fits in its device's free memory and (a checkpoint's copy) the host's."""
     free = {"cpu": int(open("/proc/meminfo").read().split("MemAvailable:")[1].split()[0]) * 1024}
     free["cuda"] = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
     need = {"cuda": buffer_bytes, "cpu": buffer_bytes} if device.type == "cuda" else {"cpu": 2 * buffer_bytes}
     for kind in (kind for kind in need if need[kind] > free[kind]):
         fail(f"the replay buffer needs {need[kind] / 2**30:.1f} GiB, more than the {free[kind] / 2**30:.1f} GiB "
              f"free on the {kind}; lower --buffer-size or --batch-size")
+    return device
 
 
 class Threads:
@@ -888,8 +875,7 @@ def accelerate(step, args):
 
 
 class CudaGraph:
-    """--cudagraphs: `step` runs eagerly `warmup` times on a side stream, is captured once, then replayed (one launch an
-    update); it may only use tensors that stay in place, and returns the same output tensors, overwritten, each time."""
+    """--cudagraphs: `step` run eagerly, captured once, then replayed; its tensors stay in place, outputs are reused."""
 
     def __init__(self, step, warmup=3):
         self.step, self.warmup, self.graph = step, warmup, None
@@ -908,11 +894,6 @@ class CudaGraph:
                 self.outputs = self.step()
         self.graph.replay()
         return self.outputs
-
-
-def crossed(step, freq, step_size):
-    """True when the last step_size steps, ending at step, crossed a multiple of freq (never when freq is 0)."""
-    return freq > 0 and step // freq != (step - step_size) // freq
 
 
 def env_state(env):
@@ -989,8 +970,6 @@ def claim_run_dir(args):
         os.makedirs(path, exist_ok=bool(args.resume))
         lock = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except FileExistsError:
-        fail(f"{path} exists: a run of the same name started in the same second")
     except BlockingIOError:
         fail(f"{path} is in use by {os.read(lock, 100).decode() or 'another process'}")
     except OSError as e:
@@ -1001,8 +980,7 @@ def claim_run_dir(args):
 
 
 class Metrics:
-    """The run's numbers in TensorBoard (and W&B); the updates' metrics summed on the device, read (one wait), checked
-    and logged every --log-freq updates. A checkpoint keeps the sum: a resumed run logs what a straight one does."""
+    """TensorBoard (and W&B); the updates' metrics summed on the device, checked and logged (one wait) at log points."""
 
     def __init__(self, args, path, device, stop, purge_step=None, names=(), sum=None, count=0, window=(0, 0, 0, 0)):
         self.args, self.stop, self.names, self.count, self.window = args, stop, list(names), count, list(window)
@@ -1016,14 +994,11 @@ class Metrics:
             except Exception as e:  # no key, a key wandb refuses, no server, an unknown entity
                 fail("--track: wandb cannot start (wandb login, or WANDB_MODE=offline)", e)
         self.writer = SummaryWriter(path, purge_step=purge_step)  # points after it, of the run resumed, are dropped
-        table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
-        self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
 
     def record(self, global_step, update, **metrics):
         """Add one update's metrics (scalar tensors, on the device); ERL logs them at a generation's end."""
         self.sps_start = self.sps_start or (global_step, time.time())
-        values = torch.stack(list(metrics.values()))
-        self.names, self.sum = list(metrics), values if not self.count else self.sum + values
+        self.names, self.sum = list(metrics), torch.stack(list(metrics.values())) + (self.sum if self.count else 0)
         self.window = [update, global_step] * 2 if not self.count else self.window[:2] + [update, global_step]
         self.count += 1
 
@@ -1044,33 +1019,24 @@ class Metrics:
             self.writer.add_scalar("charts/SPS", int(sps), global_step)
         self.count = 0
 
-    def log_episode(self, global_step, episode_return, episode_length):
-        self.writer.add_scalar("charts/episodic_return", episode_return, global_step)
-        self.writer.add_scalar("charts/episodic_length", episode_length, global_step)
-
     def check_finite(self, global_step, **arrays):
         """Stop if a host array (an action, a reward, an observation) is not finite, naming it, before it is used."""
         for name in (name for name, array in arrays.items() if not np.isfinite(array).all()):
             self.stop(f"non-finite {name} at global_step {global_step}")
 
-    def state_dict(self):
-        return {"names": self.names, "sum": self.sum, "count": self.count, "window": self.window}
-
 
 class Progress:
-    """tqdm's bar, on a terminal under the run's lines, in a log a line a minute; its ETA timed from this process's
-    first update. And torch's threads: --torch-threads, or with 0 the rule of `Threads`, shown on the bar."""
+    """tqdm's bar (in a log, a line a minute), its ETA from the first update; torch's threads (0: `Threads`' rule)."""
 
     def __init__(self, args, global_step, num_updates, last_eval):
         self.tty, self.first, self.checked = sys.stdout.isatty(), None, time.monotonic()
         torch.set_num_threads(args.torch_threads or torch.get_num_threads())  # (0: as the rule chooses, from one)
         self.threads = None if args.torch_threads else Threads()
         self.steps, self.updates, self.first_updates, self.last_eval = global_step, num_updates, num_updates, last_eval
-        lines = types.SimpleNamespace(write=lambda text: text.strip() and print(text.strip(), flush=True),
-                                      flush=lambda: None)  # in a log: a line each time, no carriage returns
+        lines = types.SimpleNamespace(write=lambda s: s.strip() and print(s.strip(), flush=True), flush=lambda: None)
         self.bar = tqdm(total=args.total_timesteps, initial=global_step, dynamic_ncols=True, miniters=1,
                         mininterval=1 if self.tty else 60, delay=1 if self.tty else 60, postfix="ETA ?",
-                        file=sys.stdout if self.tty else lines,
+                        file=sys.stdout if self.tty else lines,  # in a log: a line each time, no carriage returns
                         bar_format="{percentage:3.0f}%|{bar}| {n}/{total} steps{postfix}")  # tqdm: ", " + postfix
 
     def update(self, global_step, num_updates):
@@ -1099,7 +1065,7 @@ class Run:
 
     def __init__(self, args, checkpoint, device):
         self.args, self.device, self.signal, self.finished, self.result = args, device, None, False, None
-        self.handlers = {s: signal.signal(s, self.on_signal) for s in SIGNALS}
+        self.handlers = {s: signal.signal(s, lambda signum, frame: setattr(self, "signal", signum)) for s in SIGNALS}
         self.dir, self.lock = claim_run_dir(args)
         saved = checkpoint["run"] if checkpoint else {"wall_time": 0, "evaluations": [], "evaluation_due": False}
         self.best_return = saved.get("best_return", -np.inf)  # ERL: the best fitness or learner return yet
@@ -1114,9 +1080,6 @@ class Run:
         self.progress = Progress(args, loop["global_step"], loop["num_updates"], last_eval)
         start = f"resumed {self.dir} at global_step {loop['global_step']}" if checkpoint else f"run {self.dir}"
         self.progress.say(f"{start}: {args.env_id}, {args.total_timesteps} steps on {device}")
-
-    def on_signal(self, signum, frame):
-        self.signal = signum
 
     def log_generation(self, global_step, generation, fitness, fates, learner_returns, saturation):  # ERL's
         """At a generation's end: metrics, fitness, injections' fates, learner returns, saturation, best return yet."""
@@ -1135,8 +1098,7 @@ class Run:
 
     def stop_on(self, cause):
         last = f"{self.dir}/checkpoint.pt" if os.path.exists(f"{self.dir}/checkpoint.pt") else "none"
-        self.progress.say(f"error: {cause}; stopping. Last checkpoint: {last}", sys.stderr)
-        sys.exit(1)
+        fail(f"{cause}; stopping. Last checkpoint: {last}")
 
     def evaluate_and_log(self, global_step, policy, learner_policy):  # ERL: the champion; the first learner beside
         """Evaluate `policy` into evaluations.csv and TensorBoard; a signal ends it at once, leaving it due."""
@@ -1172,12 +1134,12 @@ class Run:
         self.metrics.means()
         rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
                "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None}
+        metrics = {k: getattr(self.metrics, k) for k in ("names", "sum", "count", "window")}  # as Metrics takes them
         run = {"wall_time": time.time() - self.start_time, "evaluations": self.evaluations,
-               "evaluation_due": self.evaluation_due, "metrics": self.metrics.state_dict()}
+               "evaluation_due": self.evaluation_due, "metrics": metrics}
         run["best_return"] = self.best_return  # ERL
-        state = {k: v.bit_generator.state if isinstance(v, np.random.Generator)
-                 else v.cpu() if isinstance(v, torch.Tensor) else v.state_dict()  # ERL's population
-                 for k, v in state.items()}
+        state = {k: v.bit_generator.state if hasattr(v, "bit_generator") else v.cpu() if isinstance(v, torch.Tensor)
+                 else v.state_dict() for k, v in state.items()}  # ERL's population: tensors
         checkpoint = {"script": os.path.basename(__file__), "args": asdict(self.args), "loop": loop, "run": run,
                       "state": state, "envs": [env_state(env) for env in envs], "rng": rng}
         write_atomically(f"{self.dir}/checkpoint.pt", partial(torch.save, checkpoint), mode="wb")
@@ -1188,12 +1150,6 @@ class Run:
             self.progress.say(f"{signal.Signals(self.signal).name} at global_step {global_step}: checkpoint written; "
                               f"continue with --resume {self.dir}/checkpoint.pt", sys.stderr)
             sys.exit(128 + self.signal)
-
-    def save_model(self, population, **networks):  # ERL: and the population (its tensors already on the CPU)
-        """Write the final networks, on the CPU, to model.pt."""
-        model = {name: {k: v.cpu() for k, v in net.state_dict().items()} for name, net in networks.items()}
-        model["population"] = population  # ERL
-        write_atomically(f"{self.dir}/model.pt", partial(torch.save, {**model, "args": asdict(self.args)}), mode="wb")
 
     def close(self):
         """A finished run's closing line; the files closed, the lock removed, the signals given back."""

@@ -31,8 +31,7 @@ arrays observations (N, obs_dim), actions (N, act_dim) in the env's units and wi
 next_observations (N, obs_dim) and terminals (N,) (1 where the episode terminated; 0 otherwise, time-limit
 truncations too), N at least --batch-size; --save-buffer writes an online run's replay buffer in this format.
 
-The file has two parts: the algorithm, from here to `main`, and below the banner after it the run
-machinery, which changes nothing that is computed.
+Two parts: the algorithm, from here to `main`; below the banner after it, the run machinery.
 """
 import contextlib
 import copy
@@ -147,8 +146,7 @@ class Args:
     max_eps_when_checkpointing: int = 20
     """episodes that judge a policy after --steps-before-checkpointing (1 before)"""
     steps_before_checkpointing: int = 750000
-    """training steps (updates, as the authors count them; not env steps) after which checkpoints are judged on more
-    episodes"""
+    """training steps (updates, as the authors count them; not env steps) before checkpoints judge more episodes"""
     reset_weight: float = 0.9
     """the checkpoint's best minimum return is multiplied by this at that switch"""
     zs_dim: int = 256
@@ -213,10 +211,8 @@ class Actor(nn.Module):
 
 
 class Critic(nn.Module):
-    """Two heads Q_i(s, a, zsa, zs): q0 = AvgL1Norm(Linear([s, a])), then [q0, zsa, zs] through a 256-256 ELU MLP.
-
-    forward returns Q values of shape (batch, 2).
-    """
+    """Two heads Q_i(s, a, zsa, zs): q0 = AvgL1Norm(Linear([s, a])), then [q0, zsa, zs] through a 256-256 ELU MLP;
+    forward returns Q values of shape (batch, 2)."""
 
     def __init__(self, obs_dim, act_dim, zs_dim=256, hidden=256):
         super().__init__()
@@ -237,20 +233,15 @@ class Critic(nn.Module):
 
 
 class LAPReplayBuffer:
-    """LAP replay in one preallocated float32 tensor on the training device, with a priority per row.
-
-    A row is [obs, action, reward, terminated, next_obs], actions normalised to [-1, 1], written by slice from one
+    """LAP replay in one preallocated float32 tensor on the training device, with a priority per row. A row is
+    [obs, action, reward, terminated, next_obs], actions normalised to [-1, 1], written by slice from one
     asynchronous upload per vector step. New rows get the current max priority; a batch is drawn with probability
     proportional to priority (exactly: a cumulative sum and a binary search, as the authors' code), into
     `self.batch`, which stays in one place in memory (as a CUDA graph needs); there are no importance weights. The
-    length is a device tensor too, so that sampling never reads a host number.
-    """
+    length is a device tensor too, so that sampling never reads a host number."""
 
     def __init__(self, capacity, obs_dim, act_dim, batch_size, device):
-        self.capacity = capacity
-        self.device = device
-        self.pos = 0
-        self.full = False
+        self.capacity, self.device, self.pos, self.full = capacity, device, 0, False
         self.split = [obs_dim, act_dim, 1, 1, obs_dim]
         self.data = torch.zeros(capacity, sum(self.split), device=device)
         self.batch = torch.zeros(batch_size, sum(self.split), device=device)
@@ -305,8 +296,7 @@ class LAPReplayBuffer:
     def load_state_dict(self, state):
         self.data[: len(state["data"])] = state["data"].to(self.device)
         self.priority[: len(state["priority"])] = state["priority"].to(self.device)
-        self.pos = state["pos"]
-        self.full = state["full"]
+        self.pos, self.full = state["pos"], state["full"]
         self.max_priority.copy_(state["max_priority"])
         self.length.fill_(len(self))
 
@@ -502,9 +492,19 @@ def load_dataset(args, obs_dim, act_dim, low, high):
     return d
 
 
+def buffer_as_dataset(rb, low, high):
+    """--save-buffer: the replay buffer's rows as --dataset arrays, actions in the env's units."""
+    obs, action, reward, terminated, next_obs = (x.cpu().numpy() for x in rb.data[: len(rb)].split(rb.split, 1))
+    return dict(zip(DATASET_KEYS, (obs, to_env(action, low, high), reward[:, 0], next_obs, terminated[:, 0])))
+
+
+def crossed(step, freq, step_size):
+    """True when the last step_size steps, ending at step, crossed a multiple of freq (never when freq is 0)."""
+    return freq > 0 and step // freq != (step - step_size) // freq
+
+
 def main(args):
     check_args(args)
-    check_env(args)
     checkpoint = args.resume and read_checkpoint(args.resume, args)
     envs = gym.vector.SyncVectorEnv([make_env(args.env_id) for _ in range(args.num_envs)],
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
@@ -512,7 +512,6 @@ def main(args):
     low, high = envs.single_action_space.low, envs.single_action_space.high
     dataset = load_dataset(args, obs_dim, act_dim, low, high) if args.offline else None  # checked as the flags are
     capacity = len(dataset["observations"]) if args.offline else args.buffer_size
-    device = choose_device(args)
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -521,7 +520,7 @@ def main(args):
     rng = np.random.default_rng(args.seed)  # the random actions before learning starts
 
     sizes = (obs_dim, act_dim, args.zs_dim, args.hidden_dim)  # of the networks
-    check_memory(device, (capacity + args.batch_size) * (2 * obs_dim + act_dim + 3) * 4)  # the replay: rows, priorities
+    device = choose_device(args, (capacity + args.batch_size) * (2 * obs_dim + act_dim + 3) * 4)  # rows, priorities
     encoder = Encoder(*sizes).to(device)
     actor = Actor(*sizes).to(device)
     qf = Critic(*sizes).to(device)
@@ -582,7 +581,8 @@ def main(args):
                 episode_return += reward
                 episode_length += 1
                 for i in np.flatnonzero(terminated | truncated):
-                    run.metrics.log_episode(global_step, episode_return[i], episode_length[i])
+                    run.metrics.writer.add_scalar("charts/episodic_return", episode_return[i], global_step)
+                    run.metrics.writer.add_scalar("charts/episodic_length", episode_length[i], global_step)
                     if allow_train and use_checkpoints:
                         take_checkpoint, updates = policy.episode_end(int(episode_length[i]), float(episode_return[i]))
                         if take_checkpoint:
@@ -591,14 +591,12 @@ def main(args):
                     allow_train = allow_train or global_step > args.learning_starts
                     episode_return[i], episode_length[i] = 0.0, 0
                 rb.add(obs, action, reward, terminated, true_next_obs(next_obs, infos))
-                obs = next_obs
-                obs_on_device = upload(obs, device)
+                obs, obs_on_device = next_obs, upload(next_obs, device)
 
             while updates_due and not run.signal:  # a signal stops a burst between updates; the resumed run ends it
                 if use_checkpoints:
                     policy.before_update(num_updates, args)
-                num_updates += 1
-                updates_due -= 1
+                num_updates, updates_due = num_updates + 1, updates_due - 1
                 metrics.update(update_steps[num_updates % args.policy_frequency == 0]())
                 if num_updates % args.target_update_rate == 0:  # the cascade: each target takes what it follows
                     copy_weights((actor_target, actor), (qf_target, qf), (fixed_encoder_target, fixed_encoder),
@@ -618,10 +616,12 @@ def main(args):
                                     episode_return=episode_return, episode_length=episode_length,
                                     actor_loss=metrics["actor_loss"])
                 run.exit_on_signal(global_step, updates_due)
-        if args.save_model:
-            run.save_model(actor=eval_actor, encoder=eval_encoder, qf=qf)
+        if args.save_model:  # the final networks (of the checkpoint policy, with one), on the CPU, and the arguments
+            networks = {"actor": eval_actor, "encoder": eval_encoder, "qf": qf}
+            model = {name: net.cpu().state_dict() for name, net in networks.items()}
+            write_atomically(f"{run.dir}/model.pt", partial(torch.save, {**model, "args": asdict(args)}), mode="wb")
         if args.save_buffer:
-            run.save_buffer(rb, low, high)
+            write_atomically(f"{run.dir}/buffer.npz", partial(np.savez, **buffer_as_dataset(rb, low, high)), mode="wb")
         run.finished = True
     finally:
         envs.close()
@@ -631,8 +631,7 @@ def main(args):
 
 # ======================================================================================================================
 # Part 2: the run machinery. Nothing below changes what is computed: it checks the input before anything is written,
-# owns the run's directory (one writer; every file written whole), evaluates, and ends a run on a non-finite number
-# or a signal, leaving a checkpoint that --resume continues.
+# owns the run's directory (one writer, files written whole), evaluates, and stops on a non-finite number or a signal.
 # ======================================================================================================================
 
 # Flags a resume may change: they change how a run is watched, not what it computes.
@@ -656,13 +655,13 @@ def fail(message, error=None):
 def exit_outside_the_run(signum, frame):
     """A signal before the run has its directory or after its files are written: one line, no cleanup to interrupt."""
     with contextlib.suppress(OSError):  # stderr gone with its terminal (SIGHUP): the exit still comes
-        print(f"{signal.Signals(signum).name} outside the run (before it started or after it ended): nothing to save",
-              file=sys.stderr)
+        print(f"{signal.Signals(signum).name} outside the run: nothing to save", file=sys.stderr)
     os._exit(128 + signum)
 
 
 def check_args(args):
-    """Every numeric flag finite and non-negative (some positive or in [0, 1]), and the flags together, before a run."""
+    """One line unless the numeric flags are finite and in range, the flags agree and --env-id names one version of an
+    env this script can learn (and record, with video)."""
     positive = ["total_timesteps", "num_envs", "buffer_size", "batch_size", "eval_episodes", "log_freq"]
     positive += ["policy_frequency", "target_update_rate", "encoder_lr", "q_lr", "policy_lr", "zs_dim", "hidden_dim"]
     positive += ["max_eps_when_checkpointing", "min_priority", "reset_weight"]  # TD7's flags
@@ -677,7 +676,10 @@ def check_args(args):
         if args.offline and name in OFFLINE_IGNORES and value != getattr(Args, name):  # TD7's offline mode
             fail(f"{flag.replace('--', '--no-' if value is False else '--')} has no effect with --offline: it trains "
                  "on the whole dataset, one update per step, without policy checkpoints")
+    # An --env-id without a version: gymnasium would run the latest silently, in a directory not saying which.
+    versions = sorted(i for i in gym.registry if i.rsplit("-v", 1)[0] == args.env_id)
     problems = {
+        f"--env-id {args.env_id} names no version; gymnasium has {', '.join(versions)}": bool(versions),
         f"--seed must lie in [0, 2**31), got {args.seed}": not 0 <= args.seed < 2**31,
         "--eval-episodes must be at most 1000": args.eval_episodes > 1000,
         f"--batch-size {args.batch_size} is larger than --buffer-size": args.batch_size > args.buffer_size,
@@ -696,19 +698,12 @@ def check_args(args):
     }
     for message in (message for message, problem in problems.items() if problem):
         fail(message)
-
-
-def check_env(args):
-    """One line unless --env-id names one version of an env this script can learn (and record, with video)."""
     # Nothing renders without --capture-video: no render backend (MUJOCO_GL) may stop the run.
     os.environ["MUJOCO_GL"] = os.environ.get("MUJOCO_GL", "egl") if args.capture_video else "disable"
     # MuJoCo 4 warns at each load of HalfCheetah-v4 that "'settotalmass' is deprecated", also into ./MUJOCO_LOG.TXT:
     with contextlib.suppress(Exception):  # that one is dropped, any other goes to stderr (no mujoco: said below)
         importlib.import_module("mujoco").set_mju_user_warning(
             lambda text: "'settotalmass' is deprecated" in text or print(f"WARNING: {text}", file=sys.stderr))
-    versions = sorted(i for i in gym.registry if i.rsplit("-v", 1)[0] == args.env_id)
-    if versions:  # gymnasium would run the latest silently, in a directory whose name does not say which
-        fail(f"--env-id {args.env_id} names no version; gymnasium has {', '.join(versions)}")
     try:  # gymnasium raises many kinds: unknown id, missing extra, bad module path
         env = gym.make(args.env_id, render_mode="rgb_array" if args.capture_video else None)
         if args.capture_video:  # once here, as RecordVideo will: moviepy to write a frame, and a frame
@@ -741,10 +736,8 @@ def read_checkpoint(path, args=None):
         made = checkpoint.get("script", "an older version of this script")
         fail(f"--resume file {path} was made by {made}, not {os.path.basename(__file__)}")
     for name, value in asdict(args).items() if args else ():
-        if name not in WATCH_FLAGS and checkpoint["args"].get(name) != value:
-            flag = "--" + name.replace("_", "-")
-            made = f"with {flag} {checkpoint['args'][name]}" if name in checkpoint["args"] else f"before {flag} existed"
-            fail(f"--resume file {path} was made {made}, not {value}")
+        if name not in WATCH_FLAGS and (made := checkpoint["args"].get(name)) != value:
+            fail(f"--resume file {path} was made with --{name.replace('_', '-')} {made}, not {value}")
     step = checkpoint["loop"]["global_step"]
     unfinished = checkpoint["run"]["evaluation_due"] or checkpoint["loop"]["updates_due"]  # TD7's burst can end a run
     if args and args.total_timesteps <= step and not unfinished:
@@ -779,25 +772,22 @@ def restore(checkpoint, state, envs, start):
         fail("the --resume checkpoint does not fit this run", e)
 
 
-def choose_device(args):
-    """The training device; a warning line when --cuda finds no GPU."""
+def choose_device(args, buffer_bytes):
+    """The training device (a warning line when --cuda finds no GPU); one line unless the replay buffer fits in its
+    free memory and (a checkpoint's copy) the host's."""
     if args.cuda and not torch.cuda.is_available():
         print("warning: no GPU is available; running on the CPU", file=sys.stderr)
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
     if device.type == "cuda" and args.torch_deterministic:  # the CPU's ops are deterministic already
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition, before its first use
         torch.use_deterministic_algorithms(True, warn_only=True)  # a warning names any op that has no such version
-    return device
-
-
-def check_memory(device, buffer_bytes):
-    """One line unless the replay buffer fits in its device's free memory and (a checkpoint's copy) the host's."""
     free = {"cpu": int(open("/proc/meminfo").read().split("MemAvailable:")[1].split()[0]) * 1024}
     free["cuda"] = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
     need = {"cuda": buffer_bytes, "cpu": buffer_bytes} if device.type == "cuda" else {"cpu": 2 * buffer_bytes}
     for kind in (kind for kind in need if need[kind] > free[kind]):
         fail(f"the replay buffer needs {need[kind] / 2**30:.1f} GiB, more than the {free[kind] / 2**30:.1f} GiB "
              f"free on the {kind}; lower --buffer-size or --batch-size")
+    return device
 
 
 class Threads:
@@ -829,8 +819,7 @@ def accelerate(step, args):
 
 
 class CudaGraph:
-    """--cudagraphs: `step` runs eagerly `warmup` times on a side stream, is captured once, then replayed (one launch an
-    update); it may only use tensors that stay in place, and returns the same output tensors, overwritten, each time."""
+    """--cudagraphs: `step` run eagerly, captured once, then replayed; its tensors stay in place, outputs are reused."""
 
     def __init__(self, step, warmup=3):
         self.step, self.warmup, self.graph = step, warmup, None
@@ -849,11 +838,6 @@ class CudaGraph:
                 self.outputs = self.step()
         self.graph.replay()
         return self.outputs
-
-
-def crossed(step, freq, step_size):
-    """True when the last step_size steps, ending at step, crossed a multiple of freq (never when freq is 0)."""
-    return freq > 0 and step // freq != (step - step_size) // freq
 
 
 def env_state(env):
@@ -930,8 +914,6 @@ def claim_run_dir(args):
         os.makedirs(path, exist_ok=bool(args.resume))
         lock = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except FileExistsError:
-        fail(f"{path} exists: a run of the same name started in the same second")
     except BlockingIOError:
         fail(f"{path} is in use by {os.read(lock, 100).decode() or 'another process'}")
     except OSError as e:
@@ -942,8 +924,7 @@ def claim_run_dir(args):
 
 
 class Metrics:
-    """The run's numbers in TensorBoard (and W&B); the updates' metrics summed on the device, read (one wait), checked
-    and logged every --log-freq updates. A checkpoint keeps the sum: a resumed run logs what a straight one does."""
+    """TensorBoard (and W&B); the updates' metrics summed on the device, checked and logged (one wait) at log points."""
 
     def __init__(self, args, path, device, stop, purge_step=None, names=(), sum=None, count=0, window=(0, 0, 0, 0)):
         self.args, self.stop, self.names, self.count, self.window = args, stop, list(names), count, list(window)
@@ -957,14 +938,11 @@ class Metrics:
             except Exception as e:  # no key, a key wandb refuses, no server, an unknown entity
                 fail("--track: wandb cannot start (wandb login, or WANDB_MODE=offline)", e)
         self.writer = SummaryWriter(path, purge_step=purge_step)  # points after it, of the run resumed, are dropped
-        table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
-        self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
 
     def record(self, global_step, update, **metrics):
         """Add one update's metrics (scalar tensors, on the device); log them every --log-freq updates."""
         self.sps_start = self.sps_start or (global_step, time.time())
-        values = torch.stack(list(metrics.values()))
-        self.names, self.sum = list(metrics), values if not self.count else self.sum + values
+        self.names, self.sum = list(metrics), torch.stack(list(metrics.values())) + (self.sum if self.count else 0)
         self.window = [update, global_step] * 2 if not self.count else self.window[:2] + [update, global_step]
         self.count += 1
         if self.count == self.args.log_freq:
@@ -987,33 +965,24 @@ class Metrics:
             self.writer.add_scalar("charts/SPS", int(sps), global_step)
         self.count = 0
 
-    def log_episode(self, global_step, episode_return, episode_length):
-        self.writer.add_scalar("charts/episodic_return", episode_return, global_step)
-        self.writer.add_scalar("charts/episodic_length", episode_length, global_step)
-
     def check_finite(self, global_step, **arrays):
         """Stop if a host array (an action, a reward, an observation) is not finite, naming it, before it is used."""
         for name in (name for name, array in arrays.items() if not np.isfinite(array).all()):
             self.stop(f"non-finite {name} at global_step {global_step}")
 
-    def state_dict(self):
-        return {"names": self.names, "sum": self.sum, "count": self.count, "window": self.window}
-
 
 class Progress:
-    """tqdm's bar, on a terminal under the run's lines, in a log a line a minute; its ETA timed from this process's
-    first update. And torch's threads: --torch-threads, or with 0 the rule of `Threads`, shown on the bar."""
+    """tqdm's bar (in a log, a line a minute), its ETA from the first update; torch's threads (0: `Threads`' rule)."""
 
     def __init__(self, args, global_step, num_updates, last_eval):
         self.tty, self.first, self.checked = sys.stdout.isatty(), None, time.monotonic()
         torch.set_num_threads(args.torch_threads or torch.get_num_threads())  # (0: as the rule chooses, from one)
         self.threads = None if args.torch_threads else Threads()
         self.steps, self.updates, self.first_updates, self.last_eval = global_step, num_updates, num_updates, last_eval
-        lines = types.SimpleNamespace(write=lambda text: text.strip() and print(text.strip(), flush=True),
-                                      flush=lambda: None)  # in a log: a line each time, no carriage returns
+        lines = types.SimpleNamespace(write=lambda s: s.strip() and print(s.strip(), flush=True), flush=lambda: None)
         self.bar = tqdm(total=args.total_timesteps, initial=global_step, dynamic_ncols=True, miniters=1,
                         mininterval=1 if self.tty else 60, delay=1 if self.tty else 60, postfix="ETA ?",
-                        file=sys.stdout if self.tty else lines,
+                        file=sys.stdout if self.tty else lines,  # in a log: a line each time, no carriage returns
                         bar_format="{percentage:3.0f}%|{bar}| {n}/{total} steps{postfix}")  # tqdm: ", " + postfix
 
     def update(self, global_step, num_updates):
@@ -1042,7 +1011,7 @@ class Run:
 
     def __init__(self, args, checkpoint, device):
         self.args, self.device, self.signal, self.finished, self.result = args, device, None, False, None
-        self.handlers = {s: signal.signal(s, self.on_signal) for s in SIGNALS}
+        self.handlers = {s: signal.signal(s, lambda signum, frame: setattr(self, "signal", signum)) for s in SIGNALS}
         self.dir, self.lock = claim_run_dir(args)
         saved = checkpoint["run"] if checkpoint else {"wall_time": 0, "evaluations": [], "evaluation_due": False}
         self.evaluations, self.evaluation_due = saved["evaluations"], saved["evaluation_due"]  # rows of the csv
@@ -1057,13 +1026,9 @@ class Run:
         start = f"resumed {self.dir} at global_step {loop['global_step']}" if checkpoint else f"run {self.dir}"
         self.progress.say(f"{start}: {args.env_id}, {args.total_timesteps} steps on {device}")
 
-    def on_signal(self, signum, frame):
-        self.signal = signum
-
     def stop_on(self, cause):
         last = f"{self.dir}/checkpoint.pt" if os.path.exists(f"{self.dir}/checkpoint.pt") else "none"
-        self.progress.say(f"error: {cause}; stopping. Last checkpoint: {last}", sys.stderr)
-        sys.exit(1)
+        fail(f"{cause}; stopping. Last checkpoint: {last}")
 
     def evaluate_and_log(self, global_step, policy):
         """Evaluate `policy` into evaluations.csv and TensorBoard; a signal ends it at once, leaving it due."""
@@ -1092,11 +1057,11 @@ class Run:
         self.metrics.means()
         rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
                "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None}
+        metrics = {k: getattr(self.metrics, k) for k in ("names", "sum", "count", "window")}  # as Metrics takes them
         run = {"wall_time": time.time() - self.start_time, "evaluations": self.evaluations,
-               "evaluation_due": self.evaluation_due, "metrics": self.metrics.state_dict()}
-        state = {k: v.bit_generator.state if isinstance(v, np.random.Generator)
-                 else v.cpu() if isinstance(v, torch.Tensor) else v.state_dict()  # TD7's value bounds
-                 for k, v in state.items()}
+               "evaluation_due": self.evaluation_due, "metrics": metrics}
+        state = {k: v.bit_generator.state if hasattr(v, "bit_generator") else v.cpu() if isinstance(v, torch.Tensor)
+                 else v.state_dict() for k, v in state.items()}  # TD7's value bounds: tensors
         checkpoint = {"script": os.path.basename(__file__), "args": asdict(self.args), "loop": loop, "run": run,
                       "state": state, "envs": [env_state(env) for env in envs], "rng": rng}
         write_atomically(f"{self.dir}/checkpoint.pt", partial(torch.save, checkpoint), mode="wb")
@@ -1107,17 +1072,6 @@ class Run:
             self.progress.say(f"{signal.Signals(self.signal).name} at global_step {global_step}: checkpoint written; "
                               f"continue with --resume {self.dir}/checkpoint.pt", sys.stderr)
             sys.exit(128 + self.signal)
-
-    def save_model(self, **networks):
-        """Write the final networks, on the CPU, to model.pt."""
-        model = {name: {k: v.cpu() for k, v in net.state_dict().items()} for name, net in networks.items()}
-        write_atomically(f"{self.dir}/model.pt", partial(torch.save, {**model, "args": asdict(self.args)}), mode="wb")
-
-    def save_buffer(self, rb, low, high):
-        """TD7's --save-buffer: the replay buffer to buffer.npz in the --dataset format, actions in the env's units."""
-        obs, action, reward, terminated, next_obs = (x.cpu().numpy() for x in rb.data[: len(rb)].split(rb.split, 1))
-        arrays = dict(zip(DATASET_KEYS, (obs, to_env(action, low, high), reward[:, 0], next_obs, terminated[:, 0])))
-        write_atomically(f"{self.dir}/buffer.npz", partial(np.savez, **arrays), mode="wb")
 
     def close(self):
         """A finished run's closing line; the files closed, the lock removed, the signals given back."""

@@ -208,3 +208,11 @@ def address_space_limit(room):
         yield
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def check_memory(module, device, buffer_bytes, monkeypatch, **kwargs):
+    """`choose_device`'s memory check, for a run on `device` (a GPU faked where there is none)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: device.type == "cuda")
+    return module.choose_device(
+        module.Args(cuda=device.type == "cuda", torch_deterministic=False), buffer_bytes, **kwargs
+    )

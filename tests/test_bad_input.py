@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from tests.conftest import (
+    check_memory,
     DEFAULT_ENV,
     REPO,
     SCRIPTS,
@@ -268,7 +269,7 @@ def test_a_second_run_in_the_same_second_is_refused(tmp_path, monkeypatch, capsy
         run_main("td3_continuous", flags_with(flags, batch_size=16), tmp_path, monkeypatch)
     assert exit_info.value.code == 1
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines == [f"error: {first['run_dir']} exists: a run of the same name started in the same second"]
+    assert lines == [f"error: cannot create the run directory {first['run_dir']}: File exists"]
     assert snapshot(tmp_path) == before
     assert load_checkpoint(first["run_dir"])["args"]["batch_size"] == 32
 
@@ -336,22 +337,22 @@ def test_memory_check_counts_the_buffer_and_its_checkpoint_copy(script, host_mem
     module = importlib.import_module(script)
     cpu, cuda, gib = torch.device("cpu"), torch.device("cuda"), 2**30
     host_memory["free"] = 10 * gib
-    module.check_memory(cpu, int(4.9 * gib))
+    check_memory(module, cpu, int(4.9 * gib), monkeypatch)
     with pytest.raises(SystemExit) as exit_info:
-        module.check_memory(cpu, int(5.1 * gib))
+        check_memory(module, cpu, int(5.1 * gib), monkeypatch)
     assert exit_info.value.code == 1
     assert capsys.readouterr().err.strip().splitlines() == [
         "error: the replay buffer needs 10.2 GiB, more than the 10.0 GiB free on the cpu; lower --buffer-size or "
         "--batch-size"
     ]
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2 * gib, 80 * gib))
-    module.check_memory(cuda, int(1.9 * gib))  # once on the GPU, once (its checkpoint copy) on the host
+    check_memory(module, cuda, int(1.9 * gib), monkeypatch)  # once on the GPU, once (its checkpoint copy) on the host
     with pytest.raises(SystemExit):
-        module.check_memory(cuda, int(2.1 * gib))
+        check_memory(module, cuda, int(2.1 * gib), monkeypatch)
     assert "more than the 2.0 GiB free on the cuda" in capsys.readouterr().err
     host_memory["free"] = 1 * gib
     with pytest.raises(SystemExit):
-        module.check_memory(cuda, int(1.5 * gib))
+        check_memory(module, cuda, int(1.5 * gib), monkeypatch)
     assert "more than the 1.0 GiB free on the cpu" in capsys.readouterr().err
 
 
@@ -362,11 +363,11 @@ def test_the_memory_check_counts_buffer_and_batch(script, tmp_path, monkeypatch)
     module = importlib.import_module(script)
     asked = []
 
-    def check_memory(device, buffer_bytes, *rest):
+    def choose_device(args, buffer_bytes, *rest, **kwargs):
         asked.append(buffer_bytes)
         raise KeyboardInterrupt  # main goes no further: nothing allocated, nothing written
 
-    monkeypatch.setattr(module, "check_memory", check_memory)
+    monkeypatch.setattr(module, "choose_device", choose_device)
     for buffer_size, batch_size in [(1000, 32), (2000, 32), (1000, 64)]:
         with pytest.raises(KeyboardInterrupt):
             run_main(script, flags_with(TINY, buffer_size=buffer_size, batch_size=batch_size), tmp_path, monkeypatch)

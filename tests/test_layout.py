@@ -61,14 +61,14 @@ def test_algorithm_above_one_banner_and_machinery_below(script):
     assert above[0] == "Args"
     assert above[-1] == "main"
     assert "Run" in below
-    assert {"check_args", "check_env", "read_checkpoint", "evaluate", "claim_run_dir", "write_atomically"} <= set(below)
-    assert {"Metrics", "Progress", "Threads", "check_memory"} <= set(below)
+    assert {"check_args", "read_checkpoint", "evaluate", "claim_run_dir", "write_atomically"} <= set(below)
+    assert {"Metrics", "Progress", "Threads", "choose_device"} <= set(below)
     run, metrics = (next(node for node in tree.body if getattr(node, "name", None) == n) for n in ("Run", "Metrics"))
     methods = {node.name for node in run.body if isinstance(node, ast.FunctionDef)}
-    assert {"evaluate_and_log", "save_checkpoint", "exit_on_signal", "on_signal", "close"} <= methods
+    assert {"evaluate_and_log", "save_checkpoint", "exit_on_signal", "close"} <= methods
     assert "evaluate" not in methods  # one `evaluate`, the module's: Run's evaluates and logs
     # The run's numbers (TensorBoard, the updates' metrics, the checks of what is not finite) are Metrics'.
-    assert {"record", "log", "log_episode", "check_finite"} <= {n.name for n in metrics.body if hasattr(n, "name")}
+    assert {"record", "log", "check_finite"} <= {n.name for n in metrics.body if hasattr(n, "name")}
     assert all(len(line) <= 120 for line in source.splitlines())
 
 
@@ -112,12 +112,13 @@ def test_every_network_optimizer_and_buffer_is_in_the_checkpoint(script, tmp_pat
     assert seen[-1] == [], f"not in the checkpoint: {seen[-1]}"
 
 
-# Issue 35's budgets are not met yet (Part 2 at 486-519 lines); strict: a script that meets them makes this fail,
-# so that the mark is taken off.
+# Issue 35's budgets are met by three scripts so far (sac_discrete and erl_td3 not yet); strict: a script that meets
+# them makes this fail, so that its mark is taken off.
 NOT_YET = pytest.mark.xfail(strict=True, reason="issue 35's line budgets are not met yet")
+MET = ["td3_continuous", "sac_continuous", "td7_continuous"]
 
 
-@pytest.mark.parametrize("script", [pytest.param(script, marks=NOT_YET) for script in SCRIPTS])
+@pytest.mark.parametrize("script", [pytest.param(s, marks=() if s in MET else NOT_YET) for s in SCRIPTS])
 def test_part_2_within_its_budget(script):
     """Issue 35: Part 2 at most 450 lines (470 where TD7 or ERL need their own), and the file within its budget."""
     source, _ = parsed(script)

@@ -152,7 +152,7 @@ def test_signal_before_the_run_starts(script, signum, tmp_path):
     written."""
     proc = start_cli(script, flags_with(TINY, env_id=toy_env(script, "CounterSlowToMake-v0")), tmp_path)
     stderr = signal_when(proc, (tmp_path / "making_env").exists, signum, settle=0.2, within=5)
-    one_error_line(stderr, f"{signal.Signals(signum).name} outside the run (before it started or after it ended)")
+    one_error_line(stderr, f"{signal.Signals(signum).name} outside the run: nothing to save")
     assert not (tmp_path / "runs").exists()
 
 
@@ -218,7 +218,7 @@ def test_signal_at_the_end_of_the_run(script, slow_file, tmp_path):
     env = {"PYTHONPATH": with_path(tmp_path / "slow"), "SLOW_FILE": slow_file}
     proc = start_cli(script, flags_with(TINY, checkpoint_freq=400) + ["--save-model"], tmp_path, **env)
     stderr = signal_when(proc, (tmp_path / "writing_slowly").exists, settle=0.5, within=5)
-    one_error_line(stderr, "SIGTERM outside the run (before it started or after it ended): nothing to save")
+    one_error_line(stderr, "SIGTERM outside the run: nothing to save")
     run_dir = the_run_dir(tmp_path)
     assert_whole(run_dir)
     checkpoint = load_checkpoint(run_dir)

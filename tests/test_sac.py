@@ -9,7 +9,7 @@ import torch
 
 import sac_continuous
 import sac_discrete
-from tests.conftest import TINY, flags_with, load_checkpoint, run_main
+from tests.conftest import TINY, check_memory, flags_with, load_checkpoint, run_main
 
 
 def test_tanh_gaussian_log_prob_matches_numerical_density():
@@ -323,10 +323,11 @@ def test_frames_without_room_on_the_gpu_go_to_pinned_host_memory(monkeypatch, ho
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (gib, 24 * gib))
     frames = 7.1e9  # 1e6 Atari transitions, each frame stored once
     host_memory["free"] = 3 * frames + 2**20  # (read in kB)
-    assert sac_discrete.check_memory(cuda, frames, frames=True) == torch.device("cpu")
-    assert sac_discrete.check_memory(cuda, 0.5 * gib, frames=True) == cuda  # room on the GPU: it stays there
+    assert check_memory(sac_discrete, cuda, frames, monkeypatch, frames=True) == (cuda, torch.device("cpu"))
+    # room on the GPU: it stays there
+    assert check_memory(sac_discrete, cuda, 0.5 * gib, monkeypatch, frames=True) == (cuda, cuda)
     with pytest.raises(SystemExit):
-        sac_discrete.check_memory(cuda, frames, frames=False)
+        check_memory(sac_discrete, cuda, frames, monkeypatch, frames=False)
     host_memory["free"] = 3 * frames - 2**20
     with pytest.raises(SystemExit):
-        sac_discrete.check_memory(cuda, frames, frames=True)
+        check_memory(sac_discrete, cuda, frames, monkeypatch, frames=True)
