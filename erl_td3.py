@@ -607,10 +607,11 @@ def main(args):
     actor_steps = [accelerate(partial(update_actors, rb, learners, actors, qfs[q], actor_targets, qf_targets[q],
                                       actor_optimizers, args), args) for q, learners in enumerate(critic_learners)]
     # Everything a checkpoint holds besides the loop's counters and the envs: --resume restores exactly these.
-    state = {"rb": rb, "rng": rng, **{f"{name}_{k}": value for name, group in [
-        ("actor", actors), ("actor_target", actor_targets), ("actor_optimizer", actor_optimizers), ("qf", qfs),
-        ("qf_target", qf_targets), ("q_optimizer", q_optimizers), ("population_weights", weights),
-        ("population_biases", biases)] for k, value in enumerate(group)}}
+    # (The population's tensors through a module that shares them: saved, and loaded in place.)
+    state = {"rb": rb, "rng": rng, "population": nn.ParameterList(weights + biases), **{
+        f"{name}_{k}": value for name, group in [("actor", actors), ("actor_target", actor_targets), ("qf", qfs),
+        ("actor_optimizer", actor_optimizers), ("qf_target", qf_targets), ("q_optimizer", q_optimizers)]
+        for k, value in enumerate(group)}}
 
     # injected: the learners' slots, chosen by a genetic step and filled at the next generation's start (after the
     # evaluation of the champion, the best individual's unmutated copy). A signal stops a generation's updates between
@@ -806,8 +807,6 @@ def restore(checkpoint, state, envs, start):
         for name, value in state.items():
             if isinstance(value, np.random.Generator):
                 value.bit_generator.state = checkpoint["state"][name]
-            elif isinstance(value, torch.Tensor):  # ERL's: the population's weights and biases
-                value.copy_(checkpoint["state"][name])
             else:
                 value.load_state_dict(checkpoint["state"][name])
         loop = {name: checkpoint["loop"][name] for name in start}
@@ -1138,8 +1137,7 @@ class Run:
         run = {"wall_time": time.time() - self.start_time, "evaluations": self.evaluations,
                "evaluation_due": self.evaluation_due, "metrics": metrics}
         run["best_return"] = self.best_return  # ERL
-        state = {k: v.bit_generator.state if hasattr(v, "bit_generator") else v.cpu() if isinstance(v, torch.Tensor)
-                 else v.state_dict() for k, v in state.items()}  # ERL's population: tensors
+        state = {k: v.bit_generator.state if hasattr(v, "bit_generator") else v.state_dict() for k, v in state.items()}
         checkpoint = {"script": os.path.basename(__file__), "args": asdict(self.args), "loop": loop, "run": run,
                       "state": state, "envs": [env_state(env) for env in envs], "rng": rng}
         write_atomically(f"{self.dir}/checkpoint.pt", partial(torch.save, checkpoint), mode="wb")

@@ -371,9 +371,9 @@ def main(args):
                                      target_entropy, args), args)
     target_step = accelerate(partial(soft_update, qf_target, qf, args.tau), args)
     # Everything a checkpoint holds besides the loop's counters and the envs: --resume restores exactly these.
-    state = {"actor": actor, "qf": qf, "qf_target": qf_target, "log_alpha": log_alpha,
-             "actor_optimizer": actor_optimizer, "q_optimizer": q_optimizer, "alpha_optimizer": alpha_optimizer,
-             "rb": rb, "rng": rng}
+    state = {"actor": actor, "qf": qf, "qf_target": qf_target, "actor_optimizer": actor_optimizer,
+             "q_optimizer": q_optimizer, "alpha_optimizer": alpha_optimizer, "rb": rb, "rng": rng,
+             "log_alpha": nn.ParameterList([log_alpha])}  # a module that shares the tensor (saved, loaded in place)
 
     obs, _ = envs.reset(seed=args.seed)
     start = {"global_step": 0, "num_updates": 0, "obs": obs, "episode_return": np.zeros(args.num_envs),
@@ -550,8 +550,6 @@ def restore(checkpoint, state, envs, start):
         for name, value in state.items():
             if isinstance(value, np.random.Generator):
                 value.bit_generator.state = checkpoint["state"][name]
-            elif isinstance(value, torch.Tensor):  # SAC's: log_alpha, a learnt tensor of its own
-                value.data.copy_(checkpoint["state"][name])
             else:
                 value.load_state_dict(checkpoint["state"][name])
         loop = {name: checkpoint["loop"][name] for name in start}
@@ -859,8 +857,7 @@ class Run:
         metrics = {k: getattr(self.metrics, k) for k in ("names", "sum", "count", "window")}  # as Metrics takes them
         run = {"wall_time": time.time() - self.start_time, "evaluations": self.evaluations,
                "evaluation_due": self.evaluation_due, "metrics": metrics}
-        state = {k: v.bit_generator.state if hasattr(v, "bit_generator") else v.detach().cpu()
-                 if isinstance(v, torch.Tensor) else v.state_dict() for k, v in state.items()}  # SAC's log_alpha
+        state = {k: v.bit_generator.state if hasattr(v, "bit_generator") else v.state_dict() for k, v in state.items()}
         checkpoint = {"script": os.path.basename(__file__), "args": asdict(self.args), "loop": loop, "run": run,
                       "state": state, "envs": [env_state(env) for env in envs], "rng": rng}
         write_atomically(f"{self.dir}/checkpoint.pt", partial(torch.save, checkpoint), mode="wb")

@@ -203,8 +203,7 @@ class EpisodicLife(gym.Wrapper):
 
     def __init__(self, env):
         super().__init__(env)
-        self.lives = 0
-        self.game_over = True
+        self.lives, self.game_over = 0, True
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
@@ -250,8 +249,7 @@ class FireOnLifeStart(gym.Wrapper):
     def step(self, action):
         lives = self.env.unwrapped.ale.lives()
         obs, reward, terminated, truncated, info = self.env.step(action)
-        reward += self.fire_reward
-        self.fire_reward = 0.0
+        reward, self.fire_reward = reward + self.fire_reward, 0.0
         if not (terminated or truncated) and self.env.unwrapped.ale.lives() < lives:
             obs, fire_reward, terminated, truncated, info = self.env.step(
                 self.env.unwrapped.get_action_meanings().index("FIRE"))
@@ -318,13 +316,10 @@ class Critic(nn.Module):
 
 
 class ReplayBuffer:
-    """Uniform replay in one preallocated float32 tensor on the training device.
-
-    A row is [obs, action, reward, terminated, next_obs], written by slice from one asynchronous upload per vector
-    step. A batch is gathered into `self.batch`, which stays in one place in memory (as a CUDA graph needs); the
-    length is a device tensor too, so that sampling never reads a host number. Actions are stored as floats (exact
-    for any action count below 2**24).
-    """
+    """Uniform replay in one preallocated float32 tensor on the training device. A row is [obs, action, reward,
+    terminated, next_obs], written by slice from one asynchronous upload per vector step. A batch is gathered into
+    `self.batch`, which stays in one place in memory (as a CUDA graph needs); the length is a device tensor too, so
+    that sampling never reads a host number. Actions are stored as floats (exact for any action count below 2**24)."""
 
     def __init__(self, capacity, obs_dim, act_dim, batch_size, device):
         self.capacity, self.device, self.pos, self.full = capacity, device, 0, False
@@ -575,9 +570,9 @@ def main(args):
                                      alpha_optimizer, target_entropy, args), args)
     target_step = accelerate(partial(soft_update, qf_target, qf, args.tau), args)
     # Everything a checkpoint holds besides the loop's counters and the envs: --resume restores exactly these.
-    state = {"actor": actor, "qf": qf, "qf_target": qf_target, "log_alpha": log_alpha,
-             "actor_optimizer": actor_optimizer, "q_optimizer": q_optimizer, "alpha_optimizer": alpha_optimizer,
-             "rb": rb, "rng": rng}
+    state = {"actor": actor, "qf": qf, "qf_target": qf_target, "actor_optimizer": actor_optimizer,
+             "q_optimizer": q_optimizer, "alpha_optimizer": alpha_optimizer, "rb": rb, "rng": rng,
+             "log_alpha": nn.ParameterList([log_alpha])}  # a module that shares the tensor (saved, loaded in place)
 
     obs, _ = envs.reset(seed=args.seed)
     start = {"global_step": 0, "num_updates": 0, "obs": obs, "episode_return": np.zeros(args.num_envs),
@@ -723,14 +718,10 @@ def check_args(args):
     except Exception as e:
         if args.capture_video and args.env_id in gym.registry:  # most likely a failing render backend, or no moviepy
             fail(f"--capture-video cannot record {args.env_id} (MUJOCO_GL={os.environ['MUJOCO_GL']})", e)
-        atari_id = "ALE/" in args.env_id or "NoFrameskip" in args.env_id  # SAC discrete's: Atari's ids
-        hint = " (Atari needs the optional ale-py: pip install ale-py)" if ale_py is None and atari_id else ""
-        fail(f"cannot make --env-id {args.env_id!r}{hint}", e)
+        fail(f"cannot make --env-id {args.env_id!r}" + " (for Atari: pip install ale-py)" * (ale_py is None), e)
     obs_space, act_space = env.observation_space, env.action_space
-    if not isinstance(act_space, gym.spaces.Discrete):
-        fail(f"{args.env_id} has a {type(act_space).__name__} action space; SAC here needs Discrete: sac_continuous.py")
-    if act_space.start != 0:
-        fail(f"{args.env_id} has actions {act_space}, numbered from {act_space.start}; this script needs them from 0")
+    if not isinstance(act_space, gym.spaces.Discrete) or act_space.start != 0:
+        fail(f"{args.env_id} has actions {act_space}; SAC here needs Discrete ones from 0 (Box: sac_continuous.py)")
     if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1 or is_atari(args.env_id)):
         fail(f"{args.env_id} has {obs_space} observations; this script needs a flat vector or an Atari game")
     env.close()
@@ -762,8 +753,6 @@ def restore(checkpoint, state, envs, start):
         for name, value in state.items():
             if isinstance(value, np.random.Generator):
                 value.bit_generator.state = checkpoint["state"][name]
-            elif isinstance(value, torch.Tensor):  # SAC's: log_alpha, a learnt tensor of its own
-                value.data.copy_(checkpoint["state"][name])
             else:
                 value.load_state_dict(checkpoint["state"][name])
         loop = {name: checkpoint["loop"][name] for name in start}
@@ -1073,8 +1062,7 @@ class Run:
         metrics = {k: getattr(self.metrics, k) for k in ("names", "sum", "count", "window")}  # as Metrics takes them
         run = {"wall_time": time.time() - self.start_time, "evaluations": self.evaluations,
                "evaluation_due": self.evaluation_due, "metrics": metrics}
-        state = {k: v.bit_generator.state if hasattr(v, "bit_generator") else v.detach().cpu()
-                 if isinstance(v, torch.Tensor) else v.state_dict() for k, v in state.items()}  # SAC's log_alpha
+        state = {k: v.bit_generator.state if hasattr(v, "bit_generator") else v.state_dict() for k, v in state.items()}
         checkpoint = {"script": os.path.basename(__file__), "args": asdict(self.args), "loop": loop, "run": run,
                       "state": state, "envs": [env_state(env) for env in envs], "rng": rng}
         write_atomically(f"{self.dir}/checkpoint.pt", partial(torch.save, checkpoint), mode="wb")

@@ -545,7 +545,8 @@ def main(args):
     state = {"encoder": encoder, "actor": actor, "qf": qf, "fixed_encoder": fixed_encoder,
              "fixed_encoder_target": fixed_encoder_target, "checkpoint_encoder": checkpoint_encoder,
              "actor_target": actor_target, "checkpoint_actor": checkpoint_actor, "qf_target": qf_target,
-             "value_range": value_range, "value_clip": value_clip, "encoder_optimizer": encoder_optimizer,
+             "value_bounds": nn.ParameterDict({"range": value_range, "clip": value_clip}),  # (sharing the tensors)
+             "encoder_optimizer": encoder_optimizer,
              "q_optimizer": q_optimizer, "actor_optimizer": actor_optimizer, "rb": rb, "policy": policy, "rng": rng}
     # Evaluation and the saved model use the checkpoint policy when there is one.
     eval_actor, eval_encoder = (checkpoint_actor, checkpoint_encoder) if use_checkpoints else (actor, fixed_encoder)
@@ -751,8 +752,6 @@ def restore(checkpoint, state, envs, start):
         for name, value in state.items():
             if isinstance(value, np.random.Generator):
                 value.bit_generator.state = checkpoint["state"][name]
-            elif isinstance(value, torch.Tensor):  # TD7's: the value clipping's bounds
-                value.copy_(checkpoint["state"][name])
             else:
                 value.load_state_dict(checkpoint["state"][name])
         loop = {name: checkpoint["loop"][name] for name in start}
@@ -1060,8 +1059,7 @@ class Run:
         metrics = {k: getattr(self.metrics, k) for k in ("names", "sum", "count", "window")}  # as Metrics takes them
         run = {"wall_time": time.time() - self.start_time, "evaluations": self.evaluations,
                "evaluation_due": self.evaluation_due, "metrics": metrics}
-        state = {k: v.bit_generator.state if hasattr(v, "bit_generator") else v.cpu() if isinstance(v, torch.Tensor)
-                 else v.state_dict() for k, v in state.items()}  # TD7's value bounds: tensors
+        state = {k: v.bit_generator.state if hasattr(v, "bit_generator") else v.state_dict() for k, v in state.items()}
         checkpoint = {"script": os.path.basename(__file__), "args": asdict(self.args), "loop": loop, "run": run,
                       "state": state, "envs": [env_state(env) for env in envs], "rng": rng}
         write_atomically(f"{self.dir}/checkpoint.pt", partial(torch.save, checkpoint), mode="wb")

@@ -76,7 +76,7 @@ LIFECYCLE = {
 }
 ODD_ACTIONS = {  # action spaces that were accepted and then sent wrong actions
     "matrix of actions": (["--env-id", "tests.toy_envs:CounterMatrixAction-v0"], "a bounded Box of one dimension"),
-    "discrete actions not from 0": (["--env-id", "tests.toy_envs:DiscreteCounterShifted-v0"], "numbered from 1"),
+    "discrete actions not from 0": (["--env-id", "tests.toy_envs:DiscreteCounterShifted-v0"], "start=1"),
 }
 LIFECYCLE_SCRIPTS = SCRIPTS
 OWN = {
@@ -86,7 +86,7 @@ OWN = {
         "one critic": (["--num-critics", "1"], "--num-critics must be at least 2"),
     },
     "sac_discrete": {
-        "wrong action space": (["--env-id", "Pendulum-v1"], "Box action space"),
+        "wrong action space": (["--env-id", "Pendulum-v1"], "has actions Box("),
         "ratio of one": (["--target-entropy-ratio", "1.0"], "--target-entropy-ratio must lie in (0, 1)"),
         "cudagraphs with images": (["--env-id", "PongNoFrameskip-v4", "--cudagraphs", "--cuda"], "--cudagraphs"),
         "atari replay larger than memory": (

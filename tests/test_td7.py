@@ -113,7 +113,7 @@ def test_cascade_gives_fixed_target_encoder_the_old_fixed_encoder(tmp_path, monk
         assert not torch.equal(value, earlier["fixed_encoder"][key]), key  # the encoder trained in between
     for target, network in [("actor_target", "actor"), ("qf_target", "qf")]:
         assert all(torch.equal(v, later[network][k]) for k, v in later[target].items()), target
-    assert torch.equal(later["value_clip"], later["value_range"])
+    assert torch.equal(later["value_bounds"]["clip"], later["value_bounds"]["range"])
 
 
 def test_value_clip_is_zero_until_the_first_cascade(tmp_path, monkeypatch):
@@ -121,8 +121,8 @@ def test_value_clip_is_zero_until_the_first_cascade(tmp_path, monkeypatch):
     range of the rewards sampled (the counter env's reward is 1 at every step)."""
     state, num_updates = td7_run(tmp_path, monkeypatch, 24, target_update_rate=1000)
     assert 0 < num_updates < 1000
-    assert state["value_clip"].tolist() == [0.0, 0.0]
-    assert state["value_range"].tolist() == [1.0, 1.0]
+    assert state["value_bounds"]["clip"].tolist() == [0.0, 0.0]
+    assert state["value_bounds"]["range"].tolist() == [1.0, 1.0]
 
 
 def test_checkpoint_policy_state_machine():
