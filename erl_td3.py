@@ -3,40 +3,27 @@
 Paper: Khadka, Tumer, "Evolution-Guided Policy Gradient in Reinforcement Learning", NeurIPS 2018,
 https://arxiv.org/abs/1805.07917 (with DDPG); TD3 learners and the generation order as in EvoRL's ERL workflow.
 A population of deterministic actors is evolved by a genetic algorithm beside K TD3 learners; all of them fill
-one replay buffer, and copies of the learners' actors replace the worst individuals every
---rl-injection-interval generations. One generation:
-  1. fitness: every individual runs --episodes-for-fitness episodes without noise (all at once: one env per
+one replay buffer. One generation, as numbered in `main`:
+  1. fitness: every individual runs --episodes-for-fitness episodes without noise, all at once (one env per
      individual, one batched forward pass of the stacked population per step); fitness = mean return;
   2. each learner runs one episode with N(0, --exploration-noise) noise;
-  3. TD3 updates: --utd-ratio critic updates per env step of this generation for each learner, the actor and
-     the targets every --policy-frequency-th, once the buffer holds more than --learning-starts transitions (ERL's
-     rule: 5 batches);
-  4. the genetic step. With --genetic-step erl (the default), ERL's own (`core/mod_neuro_evo.py`, SSNE.epoch):
-     rank by fitness; copies of the --num-elites best go to slots of their own and are spared mutation;
-     tournaments (size --tournament-size, over the ranks, with replacement) pick --pop-size minus --num-elites
-     winners, duplicates removed, which stay in their slots; every remaining slot is filled, always, by crossover
-     of a copy of a random elite with a copy of a random winner; pairs of winners are crossed with
-     --crossover-prob; every individual but the elites' copies is mutated with --mutation-prob. Crossover copies
-     whole neurons between two individuals, as ERL's; mutation perturbs a random count of entries of each weight
-     matrix, drawn with replacement (biases untouched), as ERL's. With --genetic-step mutation-only, EvoRL's
-     (`evorl/ec/optimizers/erl_ga.py`, ERLGAMod without crossover): the elites stay in their slots, the worst K
-     are left out of selection when the learners' copies are due, every other slot becomes a copy of a tournament
-     winner, always mutated, with EvoRL's fixed count of distinct entries;
-  5. once the learners have trained, copies of their actors go where ERL's `run_erl.py` puts them: over the worst
-     individuals by the fitness before the genetic step, whatever that step put in their slots (an elite's copy
-     too); they are copied in at the start of the next generation, after the champion's evaluation. Their fate
-     (elite, selected, or discarded) is decided by the next genetic step and logged.
-Learner layouts: K (actor, critic) pairs (ERL, the default), or --shared-critic: K actors and one critic
-(CEM-RL style), which takes one Adam step per update step on the mean of the K learners' critic losses (each
-with its own batch and target policy), as EvoRL does.
+  3. TD3 updates: --utd-ratio per env step of the generation for each learner (the actor and the targets every
+     --policy-frequency-th), once the buffer holds more than --learning-starts transitions;
+  4. the genetic step: ERL's own (--genetic-step erl, `next_generation`: elites, tournaments, crossover of whole
+     neurons, mutation of random weight entries) or EvoRL's mutation-only one (`next_generation_mutation_only`);
+  5. every --rl-injection-interval generations, once the learners have trained, copies of their actors go over the
+     worst individuals by the fitness before the genetic step (ERL's `run_erl.py`), whatever that step put there;
+     they are copied in at the next generation's start, after the champion's evaluation, and the next genetic step
+     decides their fate (elite, selected, or discarded), which is logged.
+Learner layouts: K (actor, critic) pairs (ERL, the default), or --shared-critic: K actors and one critic (CEM-RL
+style) taking one Adam step per update on the mean of the K learners' critic losses (a batch and target policy each).
 Deliberate choices and differences:
 - global_step and --total-timesteps count every env step, population and learners alike. Runs end, evaluate and
   checkpoint at generation boundaries (a run stops at the end of the generation that reaches the total). A
   SIGINT/SIGTERM/SIGHUP stops a generation's updates between two; its checkpoint keeps the updates still due.
 - No uniform random phase: before the learners train, their untrained actors act with noise, the population explores.
 - Evaluation (deterministic): the champion (the unmutated copy of the best by the last fitness) in the common
-  evaluations.csv columns; the first learner in extra ones. Networks, normalised actions and the TD3 update are
-  td3_continuous.py's.
+  evaluations.csv columns; the first learner in extra ones. Networks, actions and TD3's update: td3_continuous.py's.
 - Losses are logged as their mean over each generation's updates (of all learners), at its end.
 - --compile and --cudagraphs (both off by default; off computes exactly what it always did) run each update
   as a compiled callable or a replayed CUDA graph: docs/fast_path.md.
@@ -102,8 +89,7 @@ class Args:
     total_timesteps: int = 1000000
     """total environment steps of the run"""
     learning_starts: int = 1280
-    """the learners train once the replay buffer holds more than this many transitions (ERL's rule, `run_erl.py`:
-    more than 5 batches, 5 x 256)"""
+    """the learners train once the buffer holds more than this many transitions (ERL's `run_erl.py`: 5 batches, 256)"""
     buffer_size: int = 1000000
     """the replay memory size"""
     batch_size: int = 256
@@ -111,8 +97,7 @@ class Args:
     gamma: float = 0.99
     """the discount factor gamma"""
     eval_freq: int = 5000
-    """deterministic evaluation at the end of each generation that crosses a multiple of this many env steps
-    (0: only the final evaluation)"""
+    """evaluation at the end of each generation that crosses a multiple of this many env steps (0: only at the end)"""
     eval_episodes: int = 10
     """episodes per evaluation"""
     checkpoint_freq: int = 100000
@@ -136,11 +121,10 @@ class Args:
     actor_hidden: int = 256
     """the width of every actor's two hidden layers, the population's and the learners' (ERL's own: 128)"""
     actor_layer_norm: bool = False
-    """every actor with a LayerNorm after each hidden layer and tanh activations instead of ReLU (ERL's own actors,
-    `core/ddpg.py`; its norm divides by the unbiased std plus 1e-6, torch's by the root of the variance plus 1e-5)"""
+    """every actor with a LayerNorm after each hidden layer and tanh instead of ReLU (ERL's own, `core/ddpg.py`; its
+    norm divides by the unbiased std plus 1e-6, torch's by the root of the variance plus 1e-5)"""
     learner_init_scale: float = 1.0
-    """the learners' output layer (weights and bias) scaled by this at initialisation (ERL's own: 0.1,
-    `core/ddpg.py`'s `init=True`; the population's actors are not scaled)"""
+    """the learners' output layer scaled by this at initialisation (ERL's own: 0.1, `core/ddpg.py`'s `init=True`)"""
     tau: float = 0.005
     """target network smoothing coefficient (ERL's own: 0.001, with --batch-size 128)"""
     policy_noise: float = 0.2
@@ -172,11 +156,9 @@ class Args:
     genetic_step: Literal["erl", "mutation-only"] = "erl"
     """erl: ERL's selection, crossover and mutation (SSNE.epoch); mutation-only: EvoRL's simplification"""
     crossover_prob: float = 0.0
-    """with --genetic-step erl: probability that a pair of tournament winners is crossed too (ERL's configs: 0; the
-    slots no winner keeps are always filled by crossover)"""
+    """--genetic-step erl: the chance that two tournament winners are crossed too (ERL's: 0; other slots always are)"""
     mutation_prob: float = 0.9
-    """with --genetic-step erl: probability that a non-elite child is mutated (ERL's 0.9; mutation-only mutates all,
-    as EvoRL)"""
+    """with --genetic-step erl: probability that a non-elite child is mutated (ERL's 0.9; mutation-only mutates all)"""
     mutation_frac: float = 0.1
     """a mutated weight matrix has entries perturbed: with erl a count drawn from [0, ceil(this x entries)), with
     replacement (ERL's); with mutation-only round(this x entries) distinct ones (EvoRL's)"""
@@ -194,12 +176,8 @@ class Args:
 
 def make_env(env_id):
     """A training env; one without a time limit gets one of 1,000 steps (MuJoCo's): a fitness needs whole episodes."""
-
-    def thunk():
-        env = gym.make(env_id)
-        return env if env.spec.max_episode_steps else gym.wrappers.TimeLimit(env, 1000)
-
-    return thunk
+    env = gym.make(env_id)
+    return env if env.spec.max_episode_steps else gym.wrappers.TimeLimit(env, 1000)
 
 
 def to_env(action, low, high):
@@ -208,9 +186,8 @@ def to_env(action, low, high):
 
 
 class Actor(nn.Module):
-    """Deterministic policy: 256-256 ReLU MLP with a tanh output in the normalised action space [-1, 1]; with
-    `layer_norm`, ERL's: each hidden layer normalised (LayerNorm), then tanh. The output layer is scaled by
-    `init_scale` at initialisation."""
+    """Deterministic policy: 256-256 ReLU MLP with a tanh output in the normalised action space [-1, 1]; `layer_norm`:
+    ERL's, LayerNorm then tanh after each hidden layer; the output layer scaled by `init_scale` at initialisation."""
 
     def __init__(self, obs_dim, act_dim, hidden=256, layer_norm=False, init_scale=1.0):
         super().__init__()
@@ -221,8 +198,7 @@ class Actor(nn.Module):
 
         self.net = nn.Sequential(*hidden_layer(obs_dim), *hidden_layer(hidden), nn.Linear(hidden, act_dim), nn.Tanh())
         with torch.no_grad():
-            self.net[-2].weight.mul_(init_scale)
-            self.net[-2].bias.mul_(init_scale)
+            torch._foreach_mul_([self.net[-2].weight, self.net[-2].bias], init_scale)
 
     def forward(self, obs):
         return self.net(obs)
@@ -257,13 +233,10 @@ class Critic(nn.Module):
 
 
 class ReplayBuffer:
-    """Uniform replay in one preallocated float32 tensor on the training device.
-
-    A row is [obs, action, reward, terminated, next_obs], written by slice from one asynchronous upload per vector
-    step. Learner k's batch is gathered into `self.batch[k]`, which stays in one place in memory (as a CUDA graph
-    needs); the length is a device tensor too, so that sampling never reads a host number. Actions are stored
-    normalised.
-    """
+    """Uniform replay in one preallocated float32 tensor on the training device. A row is [obs, action, reward,
+    terminated, next_obs], written by slice from one asynchronous upload per vector step. Learner k's batch is
+    gathered into `self.batch[k]`, which stays in one place in memory (as a CUDA graph needs); the length is a device
+    tensor too, so that sampling never reads a host number. Actions are stored normalised."""
 
     def __init__(self, capacity, obs_dim, act_dim, batch_size, learners, device):
         self.capacity, self.device, self.pos, self.full = capacity, device, 0, False
@@ -286,8 +259,7 @@ class ReplayBuffer:
         self.length.fill_(len(self))
 
     def sample(self, k):
-        """obs, action, reward, terminated, next_obs of a uniform batch for learner k; reward and terminated of shape
-        (batch, 1)."""
+        """obs, action, reward, terminated, next_obs of learner k's uniform batch; reward, terminated: (batch, 1)."""
         idx = torch.randint(0, 2**62, (self.batch.shape[1],), device=self.device) % self.length
         self.batch[k].copy_(self.data[idx])
         return self.batch[k].split(self.split, dim=1)
@@ -342,20 +314,17 @@ def update_critic(rb, learners, actor_targets, qf, qf_target, q_optimizer, args)
     return torch.stack(head_losses).mean(0).detach(), torch.cat(qs, 1).detach().mean((1, 2))
 
 
-def update_actor(obs, actor, qf, actor_optimizer):
-    actor_loss = -qf.fixed(obs, actor(obs), num_q=1)[0].mean()
-    actor_optimizer.zero_grad(set_to_none=True)
-    actor_loss.backward()
-    actor_optimizer.step()
-    return actor_loss.detach()
-
-
 def update_actors(rb, learners, actors, qf, actor_targets, qf_target, actor_optimizers, args):
     """The delayed step, on the critic's last batches: each learner's actor ascends Q1 and its target follows, then
     the critic's target. Returns the learners' actor losses."""
     actor_losses = []
     for k in learners:
-        actor_losses.append(update_actor(rb.batch[k, :, : rb.split[0]], actors[k], qf, actor_optimizers[k]))
+        obs = rb.batch[k, :, : rb.split[0]]
+        actor_loss = -qf.fixed(obs, actors[k](obs), num_q=1)[0].mean()
+        actor_optimizers[k].zero_grad(set_to_none=True)
+        actor_loss.backward()
+        actor_optimizers[k].step()
+        actor_losses.append(actor_loss.detach())
         soft_update(actor_targets[k], actors[k], args.tau)
     soft_update(qf_target, qf, args.tau)
     return torch.stack(actor_losses)
@@ -371,9 +340,8 @@ def actor_params(actor):
 
 def stack_actors(actors):
     """Stacked weights (P, n_in, n_out) and biases (P, 1, n_out) of P actors: a population as a few tensors."""
-    params = [actor_params(actor) for actor in actors]
-    return ([torch.stack(ws).contiguous() for ws in zip(*(p[0] for p in params))],
-            [torch.stack(bs).contiguous() for bs in zip(*(p[1] for p in params))])
+    weights, biases = zip(*(actor_params(actor) for actor in actors))  # per actor: its layers' lists
+    return [torch.stack(w).contiguous() for w in zip(*weights)], [torch.stack(b).contiguous() for b in zip(*biases)]
 
 
 def individual(weights, biases, i):
@@ -397,18 +365,16 @@ def population_forward(weights, biases, obs):
 
 
 def run_episodes(weights, biases, envs, episodes, noise, device, rb=None, run=None, global_step=0):
-    """Run `episodes` full episodes in each of the P envs, env i acting with individual i (plus N(0, noise) when
-    noise > 0), all P actions from one batched forward pass per step. Transitions go into `rb`, once `run` has
-    checked their rewards (global_step: the step before the first). Returns the mean return per individual (an array
-    of P) and the number of env steps taken."""
+    """Run `episodes` full episodes in each of the P envs, env i acting with individual i (plus N(0, noise) if noise
+    > 0), all P actions from one batched forward pass per step; transitions go into `rb` once `run` has checked their
+    rewards (global_step: the step before the first). Returns each individual's mean return (P) and the steps taken."""
     low, high = envs[0].action_space.low, envs[0].action_space.high
     obs = np.stack([env.reset()[0] for env in envs])
-    obs_on_device = upload(obs, device)
     episode_return, returns = np.zeros(len(envs)), [[] for _ in envs]
     active, steps = np.ones(len(envs), dtype=bool), 0
     while active.any():
         with torch.no_grad():  # inactive envs get an action too: cheaper than gathering the active individuals
-            action = population_forward(weights, biases, obs_on_device)
+            action = population_forward(weights, biases, upload(obs, device))
             if noise > 0:
                 action = (action + torch.randn_like(action) * noise).clamp(-1.0, 1.0)
             action = action.cpu().numpy()
@@ -425,13 +391,11 @@ def run_episodes(weights, biases, envs, episodes, noise, device, rb=None, run=No
             if terminated[j] or truncated[j]:
                 returns[i].append(episode_return[i])
                 episode_return[i] = 0.0
-                if len(returns[i]) < episodes:
+                active[i] = len(returns[i]) < episodes
+                if active[i]:
                     obs[i] = envs[i].reset()[0]
-                else:
-                    active[i] = False
         if rb is not None:
             rb.add(stored_obs, action[index], reward, terminated, next_obs)
-        obs_on_device = upload(obs, device)
     return np.array([np.mean(r) for r in returns]), steps
 
 
@@ -448,8 +412,7 @@ def mutate(w, args, rng, fixed_count=False):
         idx = rng.choice(w.numel(), round(args.mutation_frac * w.numel()), replace=False)
     else:
         idx = rng.integers(0, w.numel(), int(rng.integers(0, int(np.ceil(args.mutation_frac * w.numel())))))
-    kind = rng.uniform(size=len(idx))
-    gauss = rng.standard_normal(len(idx))
+    kind, gauss = rng.uniform(size=len(idx)), rng.standard_normal(len(idx))
     # The k-th draw of an entry is applied in round k: each round touches an entry at most once, in the draws' order.
     order = np.argsort(idx, kind="stable")
     first = np.maximum.accumulate(np.where(np.diff(idx[order], prepend=-1) != 0, np.arange(len(idx)), 0))
@@ -467,8 +430,7 @@ def mutate(w, args, rng, fixed_count=False):
 
 
 def tournament(rank, n, size, rng):
-    """`n` winners, each the best-ranked of `size` individuals drawn at random (with replacement); `rank` lists the
-    individuals best first."""
+    """`n` winners, each the best of `size` individuals drawn at random (with replacement) from `rank`, best first."""
     return rank[rng.integers(0, len(rank), (n, size)).min(1)]
 
 
@@ -495,18 +457,16 @@ def next_generation(weights, biases, fitness, args, rng, learners=0):
     of winners are crossed with --crossover-prob; all but the elites' copies are mutated with --mutation-prob
     (ERL's mutation). Returns the slots of the elites' copies (the champion's first), the old population's elites
     and winners, and the slots of the `learners` copies of the learners: ERL's rule (`run_erl.py`), the worst by the
-    fitness before the step, whatever the step put there (an elite's copy too); the project's earlier rule, which
-    spared the elites' copies, did worse on three seeds (benchmark/results/erl_injection_2026-12-01/)."""
+    fitness before the step, whatever the step put there (an elite's copy too; docs/erl_td3.md says why)."""
     learner_slots = np.argsort(fitness, kind="stable")[:learners].tolist()  # ERL's: the worst before the step
     rank = np.argsort(-fitness, kind="stable")
     elites = rank[: args.num_elites]
     winners = list(dict.fromkeys(tournament(rank, len(rank) - args.num_elites, args.tournament_size, rng).tolist()))
     if len(winners) % 2:
         winners.append(winners[rng.integers(len(winners))])
-    selected = np.array(winners)
+    selected, copies = np.array(winners), []
     others = [i for i in range(len(rank)) if i not in winners and i not in elites]
     others = [others[i] for i in rng.permutation(len(others))]
-    copies = []
     for e in elites:  # into an unselected slot if one is left, else into a winner's
         slot = others.pop(0) if others else winners.pop(0)
         for p in weights + biases:
@@ -530,10 +490,10 @@ def next_generation(weights, biases, fitness, args, rng, learners=0):
 
 
 def next_generation_mutation_only(weights, biases, fitness, args, rng, learners=0):
-    """EvoRL's mutation-only step (`evorl/ec/optimizers/erl_ga.py`, ERLGAMod.tell_external with crossover off), in
-    place: the --num-elites best stay as they are in their slots; the `learners` worst are left out of parent
-    selection and keep their slots for the learners' copies; every other slot becomes a copy of a tournament winner
-    among the rest, always mutated with EvoRL's fixed count. Returns what next_generation returns."""
+    """EvoRL's mutation-only step (`evorl/ec/optimizers/erl_ga.py`, ERLGAMod.tell_external without crossover), in
+    place: the --num-elites best stay in their slots; the `learners` worst are left out of parent selection and keep
+    their slots for the learners' copies; every other slot becomes a copy of a tournament winner among the rest, always
+    mutated with EvoRL's fixed count. Returns what next_generation returns."""
     rank = np.argsort(-fitness, kind="stable")
     parents, learner_slots = rank[: len(rank) - learners], rank[len(rank) - learners :]
     elites, others = rank[: args.num_elites], np.sort(parents[args.num_elites :])
@@ -561,6 +521,22 @@ def inject(weights, biases, slots, actors):
             p[slots] = q
 
 
+def log_generation(run, global_step, generation, fitness, fates, learner_returns, saturation):
+    """At a generation's end: metrics, fitness, injections' fates, learner returns, saturation, best return yet."""
+    writer, run.best_return = run.metrics.writer, max(run.best_return, *fitness, *learner_returns)
+    writer.add_scalar("charts/best_return", run.best_return, global_step)
+    if run.metrics.count:  # (a generation with updates: the learner's batch is from the buffer)
+        writer.add_scalar("charts/learner_saturation", saturation, global_step)
+    run.metrics.log(global_step)
+    for statistic in ("max", "mean", "min"):
+        writer.add_scalar(f"evolution/fitness_{statistic}", getattr(fitness, statistic)(), global_step)
+    writer.add_scalar("evolution/generation", generation, global_step)
+    for fate, count in fates.items():  # the "RL selection rate": elite + selected over all injections
+        writer.add_scalar(f"evolution/injected_{fate}", count / max(sum(fates.values()), 1), global_step)
+    for k, episode_return in enumerate(learner_returns):  # learner 0's under CleanRL's name
+        writer.add_scalar("charts/episodic_return" + (f"_{k}" if k else ""), episode_return, global_step)
+
+
 def crossed(step, freq, step_size):
     """True when the last step_size steps, ending at step, crossed a multiple of freq (never when freq is 0)."""
     return freq > 0 and step // freq != (step - step_size) // freq
@@ -576,14 +552,13 @@ def main(args):
     torch.backends.cudnn.deterministic = args.torch_deterministic
     rng = np.random.default_rng(args.seed)  # the genetic algorithm's draws
 
-    learner_envs = [make_env(args.env_id)() for _ in range(args.num_rl_agents)]
+    learner_envs = [make_env(args.env_id) for _ in range(args.num_rl_agents)]
     obs_dim, act_dim = learner_envs[0].observation_space.shape[0], learner_envs[0].action_space.shape[0]
     num_critics = 1 if args.shared_critic else args.num_rl_agents
-    # The replay's rows, and a batch for each learner.
     device = choose_device(args, (args.buffer_size + args.batch_size * args.num_rl_agents)
-                           * (2 * obs_dim + act_dim + 2) * 4)
+                           * (2 * obs_dim + act_dim + 2) * 4)  # the replay's rows, and a batch for each learner
     # One env per individual and one per learner, each seeded once; after that their episodes follow their RNGs.
-    envs = [make_env(args.env_id)() for _ in range(args.pop_size)]
+    envs = [make_env(args.env_id) for _ in range(args.pop_size)]
     for i, env in enumerate(envs + learner_envs):
         env.reset(seed=args.seed + i)
 
@@ -613,10 +588,8 @@ def main(args):
         ("actor_optimizer", actor_optimizers), ("qf_target", qf_targets), ("q_optimizer", q_optimizers)]
         for k, value in enumerate(group)}}
 
-    # injected: the learners' slots, chosen by a genetic step and filled at the next generation's start (after the
-    # evaluation of the champion, the best individual's unmutated copy). A signal stops a generation's updates between
-    # two; its checkpoint keeps the updates still due with the generation's steps and learner returns, which the
-    # resumed run makes before the genetic step, as an uninterrupted run does.
+    # injected: the learners' slots, filled at the next generation's start. A signal's checkpoint keeps a generation's
+    # updates still due (with its steps and learner returns): the resumed run makes them before the genetic step.
     start = {"global_step": 0, "num_updates": 0, "generation": 0, "fitness": np.zeros(args.pop_size), "injected": [],
              "fates": {"elite": 0, "selected": 0, "discarded": 0}, "champion": 0, "updates_due": 0,
              "generation_steps": 0, "learner_returns": np.zeros(args.num_rl_agents),
@@ -667,7 +640,7 @@ def main(args):
                 for slot in injected:
                     fates["elite" if slot in elites else "selected" if slot in selected else "discarded"] += 1
                 champion, generation, injected = int(copies[0]), generation + 1, slots
-                run.log_generation(global_step, generation, fitness, fates, learner_returns, saturation(actors[0], rb))
+                log_generation(run, global_step, generation, fitness, fates, learner_returns, saturation(actors[0], rb))
                 run.progress.update(global_step, num_updates)
                 if crossed(global_step, args.eval_freq, generation_steps) or global_step >= args.total_timesteps:
                     run.evaluate_and_log(global_step, individual(weights, biases, champion), actors[0])
@@ -701,7 +674,6 @@ def main(args):
 # Flags a resume may change: they change how a run is watched, not what it computes.
 WATCH_FLAGS = {"total_timesteps", "resume", "track", "wandb_project_name", "wandb_entity", "capture_video"}
 WATCH_FLAGS |= {"save_model", "eval_freq", "eval_episodes", "checkpoint_freq", "log_freq", "torch_threads", "cuda"}
-EPISODE_VALUES = []  # ERL: no episode runs across a checkpoint (each generation resets the envs)
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -815,7 +787,6 @@ def restore(checkpoint, state, envs, start):
                 set_env_state(env, saved)
         else:  # an env whose state this script cannot read: new episodes, from the reset in `start`
             print("warning: cannot restore the envs' state; the resumed run starts new episodes", file=sys.stderr)
-            loop.update({name: start[name] for name in EPISODE_VALUES})
         random.setstate(checkpoint["rng"]["python"])
         np.random.set_state(checkpoint["rng"]["numpy"])
         torch.set_rng_state(checkpoint["rng"]["torch"])
@@ -1079,21 +1050,6 @@ class Run:
         self.progress = Progress(args, loop["global_step"], loop["num_updates"], last_eval)
         start = f"resumed {self.dir} at global_step {loop['global_step']}" if checkpoint else f"run {self.dir}"
         self.progress.say(f"{start}: {args.env_id}, {args.total_timesteps} steps on {device}")
-
-    def log_generation(self, global_step, generation, fitness, fates, learner_returns, saturation):  # ERL's
-        """At a generation's end: metrics, fitness, injections' fates, learner returns, saturation, best return yet."""
-        writer, self.best_return = self.metrics.writer, max(self.best_return, *fitness, *learner_returns)
-        writer.add_scalar("charts/best_return", self.best_return, global_step)
-        if self.metrics.count:  # (a generation with updates: the learner's batch is from the buffer)
-            writer.add_scalar("charts/learner_saturation", saturation, global_step)
-        self.metrics.log(global_step)
-        for statistic in ("max", "mean", "min"):
-            writer.add_scalar(f"evolution/fitness_{statistic}", getattr(fitness, statistic)(), global_step)
-        writer.add_scalar("evolution/generation", generation, global_step)
-        for fate, count in fates.items():  # the "RL selection rate": elite + selected over all injections
-            writer.add_scalar(f"evolution/injected_{fate}", count / max(sum(fates.values()), 1), global_step)
-        for k, episode_return in enumerate(learner_returns):  # learner 0's under CleanRL's name
-            writer.add_scalar("charts/episodic_return" + (f"_{k}" if k else ""), episode_return, global_step)
 
     def stop_on(self, cause):
         last = f"{self.dir}/checkpoint.pt" if os.path.exists(f"{self.dir}/checkpoint.pt") else "none"

@@ -115,13 +115,7 @@ def test_every_network_optimizer_and_buffer_is_in_the_checkpoint(script, tmp_pat
     assert seen[-1] == [], f"not in the checkpoint: {seen[-1]}"
 
 
-# Issue 35's budgets are met by four scripts so far (erl_td3 not yet); strict: a script that meets them makes this
-# fail, so that its mark is taken off.
-NOT_YET = pytest.mark.xfail(strict=True, reason="issue 35's line budgets are not met yet")
-MET = ["td3_continuous", "sac_continuous", "td7_continuous", "sac_discrete"]
-
-
-@pytest.mark.parametrize("script", [pytest.param(s, marks=() if s in MET else NOT_YET) for s in SCRIPTS])
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_part_2_within_its_budget(script):
     """Issue 35: Part 2 at most 450 lines (470 where TD7 or ERL need their own), and the file within its budget."""
     source, _ = parsed(script)
