@@ -197,8 +197,8 @@ class Actor(nn.Module):
             return [linear, nn.LayerNorm(hidden), nn.Tanh()] if layer_norm else [linear, nn.ReLU()]
 
         self.net = nn.Sequential(*hidden_layer(obs_dim), *hidden_layer(hidden), nn.Linear(hidden, act_dim), nn.Tanh())
-        with torch.no_grad():
-            torch._foreach_mul_([self.net[-2].weight, self.net[-2].bias], init_scale)
+        for p in self.net[-2].parameters():  # the output layer's weight and bias
+            p.data.mul_(init_scale)
 
     def forward(self, obs):
         return self.net(obs)

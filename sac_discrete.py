@@ -718,7 +718,7 @@ def check_args(args):
     except Exception as e:
         if args.capture_video and args.env_id in gym.registry:  # most likely a failing render backend, or no moviepy
             fail(f"--capture-video cannot record {args.env_id} (MUJOCO_GL={os.environ['MUJOCO_GL']})", e)
-        fail(f"cannot make --env-id {args.env_id!r}" + " (for Atari: pip install ale-py)" * (ale_py is None), e)
+        fail(f"cannot make --env-id {args.env_id!r}" + (" (Atari: pip install ale-py)" if ale_py is None else ""), e)
     obs_space, act_space = env.observation_space, env.action_space
     if not isinstance(act_space, gym.spaces.Discrete) or act_space.start != 0:
         fail(f"{args.env_id} has actions {act_space}; SAC here needs Discrete ones from 0 (Box: sac_continuous.py)")

@@ -546,8 +546,8 @@ def main(args):
              "fixed_encoder_target": fixed_encoder_target, "checkpoint_encoder": checkpoint_encoder,
              "actor_target": actor_target, "checkpoint_actor": checkpoint_actor, "qf_target": qf_target,
              "value_bounds": nn.ParameterDict({"range": value_range, "clip": value_clip}),  # (sharing the tensors)
-             "encoder_optimizer": encoder_optimizer,
-             "q_optimizer": q_optimizer, "actor_optimizer": actor_optimizer, "rb": rb, "policy": policy, "rng": rng}
+             "encoder_optimizer": encoder_optimizer, "q_optimizer": q_optimizer, "actor_optimizer": actor_optimizer,
+             "rb": rb, "policy": policy, "rng": rng}
     # Evaluation and the saved model use the checkpoint policy when there is one.
     eval_actor, eval_encoder = (checkpoint_actor, checkpoint_encoder) if use_checkpoints else (actor, fixed_encoder)
     obs, _ = envs.reset(seed=args.seed)
