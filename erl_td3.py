@@ -12,9 +12,8 @@ one replay buffer. One generation, as numbered in `main`:
   4. the genetic step: ERL's own (--genetic-step erl, `next_generation`: elites, tournaments, crossover of whole
      neurons, mutation of random weight entries) or EvoRL's mutation-only one (`next_generation_mutation_only`);
   5. every --rl-injection-interval generations, once the learners have trained, copies of their actors go over the
-     worst individuals by the fitness before the genetic step (ERL's `run_erl.py`), whatever that step put there;
-     they are copied in at the next generation's start, after the champion's evaluation, and the next genetic step
-     decides their fate (elite, selected, or discarded), which is logged.
+     worst individuals by the fitness before the genetic step (ERL's `run_erl.py`), whatever that step put there, at
+     the next generation's start, after the champion's evaluation; their fate in the next genetic step is logged.
 Learner layouts: K (actor, critic) pairs (ERL, the default), or --shared-critic: K actors and one critic (CEM-RL
 style) taking one Adam step per update on the mean of the K learners' critic losses (a batch and target policy each).
 Deliberate choices and differences:
@@ -25,8 +24,7 @@ Deliberate choices and differences:
 - Evaluation (deterministic): the champion (the unmutated copy of the best by the last fitness) in the common
   evaluations.csv columns; the first learner in extra ones. Networks, actions and TD3's update: td3_continuous.py's.
 - Losses are logged as their mean over each generation's updates (of all learners), at its end.
-- --compile and --cudagraphs (both off by default; off computes exactly what it always did) run each update
-  as a compiled callable or a replayed CUDA graph: docs/fast_path.md.
+- On a GPU the update steps run as CUDA graphs (--no-cudagraphs: eager, as ever); and --compile: docs/fast_path.md.
 
 Two parts: the algorithm, from here to `main`; below the banner after it, the run machinery.
 """
@@ -67,8 +65,8 @@ class Args:
     """the name of this experiment"""
     seed: int = 1
     """seed of the experiment (python, numpy, torch and the envs)"""
-    torch_deterministic: bool = True
-    """on a GPU, deterministic algorithms wherever PyTorch has them (docs/fast_path.md)"""
+    torch_deterministic: bool = False
+    """on a GPU, the same numbers every run: deterministic algorithms, at a price (docs/fast_path.md)"""
     cuda: bool = True
     """use the GPU if there is one"""
     torch_threads: int = 0
@@ -106,8 +104,8 @@ class Args:
     """path of a checkpoint.pt to continue from (the run keeps its directory)"""
     compile: bool = False
     """torch.compile the update steps (CPU or GPU; the same numbers up to float rounding)"""
-    cudagraphs: bool = False
-    """capture each update step once as a CUDA graph and replay it (needs a GPU; can be combined with --compile)"""
+    cudagraphs: bool = True
+    """on a GPU, each update step captured once as a CUDA graph and replayed (--no-cudagraphs: eager)"""
 
     # Algorithm specific arguments
     learning_rate: float = 3e-4
@@ -582,8 +580,7 @@ def main(args):
     actor_steps = [accelerate(partial(update_actors, rb, learners, actors, qfs[q], actor_targets, qf_targets[q],
                                       actor_optimizers, args), args) for q, learners in enumerate(critic_learners)]
     # Everything a checkpoint holds besides the loop's counters and the envs: --resume restores exactly these.
-    # (The population's tensors through a module that shares them: saved, and loaded in place.)
-    state = {"rb": rb, "rng": rng, "population": nn.ParameterList(weights + biases), **{
+    state = {"rb": rb, "rng": rng, "population": nn.ParameterList(weights + biases), **{  # (shares their memory)
         f"{name}_{k}": value for name, group in [("actor", actors), ("actor_target", actor_targets), ("qf", qfs),
         ("actor_optimizer", actor_optimizers), ("qf_target", qf_targets), ("q_optimizer", q_optimizers)]
         for k, value in enumerate(group)}}
@@ -720,8 +717,6 @@ def check_args(args):
         f"--exp-name {args.exp_name!r} must be a plain file name of 1-100 characters": not (
             0 < len(args.exp_name) <= 100 and "/" not in args.exp_name and not args.exp_name.startswith(".")),
         "--resume needs the path of a checkpoint.pt": args.resume == "",
-        "--cudagraphs needs a GPU: --no-cuda is set": args.cudagraphs and not args.cuda,
-        "--cudagraphs needs a GPU: none is available": args.cudagraphs and not torch.cuda.is_available(),
         "--track needs wandb: pip install wandb": args.track and not importlib.util.find_spec("wandb"),
     }
     for message in (message for message, problem in problems.items() if problem):
@@ -803,6 +798,7 @@ def choose_device(args, buffer_bytes):
     if args.cuda and not torch.cuda.is_available():
         print("warning: no GPU is available; running on the CPU", file=sys.stderr)
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
+    args.cudagraphs = args.cudagraphs and device.type == "cuda"  # as it runs (args.json, the checkpoint)
     if device.type == "cuda" and args.torch_deterministic:  # the CPU's ops are deterministic already
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition, before its first use
         torch.use_deterministic_algorithms(True, warn_only=True)  # a warning names any op that has no such version
@@ -933,11 +929,14 @@ def write_atomically(path, write, mode="w"):
 
 
 def claim_run_dir(args):
-    """runs/{run_name} made (or --resume's) and locked by a file naming this process: a second writer is refused."""
+    """runs/{run_name} made (-2, -3, ... if taken) or --resume's, locked by a file naming this process: one writer."""
     name = f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     path = os.path.dirname(os.path.abspath(args.resume)) if args.resume else os.path.abspath(os.path.join("runs", name))
     try:
-        os.makedirs(path, exist_ok=bool(args.resume))
+        for path in [path] if args.resume else [path + f"-{n}" * (n > 1) for n in range(1, 1000)]:
+            with contextlib.suppress(FileExistsError):  # (mkdir is atomic: of runs started together, one takes a name)
+                os.makedirs(path, exist_ok=bool(args.resume))
+                break
         lock = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -1049,7 +1048,8 @@ class Run:
         last_eval = "{2:.1f} +- {3:.1f}".format(*self.evaluations[-1]) if self.evaluations else "-"
         self.progress = Progress(args, loop["global_step"], loop["num_updates"], last_eval)
         start = f"resumed {self.dir} at global_step {loop['global_step']}" if checkpoint else f"run {self.dir}"
-        self.progress.say(f"{start}: {args.env_id}, {args.total_timesteps} steps on {device}")
+        how = " ".join(["compiled"] * args.compile + ["as CUDA graphs"] * args.cudagraphs) or "eager"
+        self.progress.say(f"{start}: {args.env_id}, {args.total_timesteps} steps on {device}, updates {how}")
 
     def stop_on(self, cause):
         last = f"{self.dir}/checkpoint.pt" if os.path.exists(f"{self.dir}/checkpoint.pt") else "none"

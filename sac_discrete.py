@@ -33,8 +33,7 @@ whose default depends on the kind of observation say so in --help. Deliberate di
 - The replay buffer is preallocated on the training device; nothing in the update
   waits for the device, except every --log-freq updates to log; an env step waits only for its action.
 - Evaluation is deterministic: the mode of the policy, argmax of the logits.
-- --compile and --cudagraphs (both off by default; off computes exactly what it always did) run each update
-  as a compiled callable or a replayed CUDA graph: docs/fast_path.md.
+- On a GPU the update steps run as CUDA graphs (--no-cudagraphs: eager, as ever); and --compile: docs/fast_path.md.
 - Added: periodic deterministic evaluation, checkpoints with --resume, SIGINT/SIGTERM handling,
   a guard against non-finite losses, and one-line errors for bad input.
 
@@ -84,8 +83,8 @@ class Args:
     """the name of this experiment"""
     seed: int = 1
     """seed of the experiment (python, numpy, torch and the envs)"""
-    torch_deterministic: bool = True
-    """on a GPU, deterministic algorithms wherever PyTorch has them (docs/fast_path.md)"""
+    torch_deterministic: bool = False
+    """on a GPU, the same numbers every run: deterministic algorithms, at a price (docs/fast_path.md)"""
     cuda: bool = True
     """use the GPU if there is one"""
     torch_threads: int = 0
@@ -128,8 +127,8 @@ class Args:
     """log the mean of the losses over this many updates, and check them for NaN"""
     compile: bool = False
     """torch.compile the update steps (CPU or GPU; the same numbers up to float rounding)"""
-    cudagraphs: bool = False
-    """capture each update step once as a CUDA graph and replay it (needs a GPU; can be combined with --compile)"""
+    cudagraphs: bool = True
+    """on a GPU, each update step captured once as a CUDA graph and replayed (--no-cudagraphs: eager)"""
 
     # Algorithm specific arguments
     policy_lr: float = 3e-4
@@ -404,9 +403,10 @@ class FrameReplayBuffer:
         f["action"][env, pos] = action
         f["reward"][env, pos] = numbers[:, 6].float()
         f["terminated"][env, pos] = numbers[:, 7].float()
-        f["valid"][env, pos] = True
+        f["valid"][env, pos] = torch.ones_like(pos, dtype=torch.bool)  # (a device tensor: a Python bool would wait)
         # The rows whose frames reach back to the next row (the oldest of the ring) cannot be sampled any more.
-        f["valid"][env[:, None], (nxt[:, None] + torch.arange(self.stack, device=nxt.device)) % self.rows] = False
+        stale = (nxt[:, None] + torch.arange(self.stack, device=nxt.device)) % self.rows
+        f["valid"][env[:, None], stale] = torch.zeros_like(stale, dtype=torch.bool)
 
     def frames(self, env, row):
         """The stacked observation whose newest frame is at `row`: (batch, stack, H, W)."""
@@ -539,10 +539,8 @@ def main(args):
     torch.backends.cudnn.deterministic = args.torch_deterministic
     rng = np.random.default_rng(args.seed)  # the random actions before learning starts
 
-    envs = gym.vector.SyncVectorEnv(
-        [make_env(args.env_id, machado=args.machado) for _ in range(args.num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-    )
+    envs = gym.vector.SyncVectorEnv([make_env(args.env_id, machado=args.machado) for _ in range(args.num_envs)],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     obs_shape, n_actions = envs.single_observation_space.shape, int(envs.single_action_space.n)
     # The replay's rows: frames stored once (a byte a pixel and 25 bytes beside), or vectors of float32.
     frame_bytes = (args.buffer_size + args.num_envs) * (int(np.prod(obs_shape[1:])) + 25)
@@ -691,14 +689,11 @@ def check_args(args):
         "--eval-episodes must be at most 1000": args.eval_episodes > 1000,
         f"--num-critics must be at least 2, got {args.num_critics}": args.num_critics < 2,
         "--target-entropy-ratio must lie in (0, 1)": not 0 < args.target_entropy_ratio < 1,
-        "--cudagraphs is for vector observations, not Atari's frames": args.cudagraphs and is_atari(args.env_id),
         f"--batch-size {args.batch_size} is larger than --buffer-size": args.batch_size > args.buffer_size,
         "--learning-starts must be below --total-timesteps": args.learning_starts >= args.total_timesteps,
         f"--exp-name {args.exp_name!r} must be a plain file name of 1-100 characters": not (
             0 < len(args.exp_name) <= 100 and "/" not in args.exp_name and not args.exp_name.startswith(".")),
         "--resume needs the path of a checkpoint.pt": args.resume == "",
-        "--cudagraphs needs a GPU: --no-cuda is set": args.cudagraphs and not args.cuda,
-        "--cudagraphs needs a GPU: none is available": args.cudagraphs and not torch.cuda.is_available(),
         "--track needs wandb: pip install wandb": args.track and not importlib.util.find_spec("wandb"),
     }
     for message in (message for message, problem in problems.items() if problem):
@@ -778,6 +773,7 @@ def choose_device(args, buffer_bytes, frames=False):
     if args.cuda and not torch.cuda.is_available():
         print("warning: no GPU is available; running on the CPU", file=sys.stderr)
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
+    args.cudagraphs = args.cudagraphs and device.type == "cuda" and not frames  # as it runs (in args.json too)
     if device.type == "cuda" and args.torch_deterministic:  # the CPU's ops are deterministic already
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition, before its first use
         torch.use_deterministic_algorithms(True, warn_only=True)  # a warning names any op that has no such version
@@ -909,11 +905,14 @@ def write_atomically(path, write, mode="w"):
 
 
 def claim_run_dir(args):
-    """runs/{run_name} made (or --resume's) and locked by a file naming this process: a second writer is refused."""
+    """runs/{run_name} made (-2, -3, ... if taken) or --resume's, locked by a file naming this process: one writer."""
     name = f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     path = os.path.dirname(os.path.abspath(args.resume)) if args.resume else os.path.abspath(os.path.join("runs", name))
     try:
-        os.makedirs(path, exist_ok=bool(args.resume))
+        for path in [path] if args.resume else [path + f"-{n}" * (n > 1) for n in range(1, 1000)]:
+            with contextlib.suppress(FileExistsError):  # (mkdir is atomic: of runs started together, one takes a name)
+                os.makedirs(path, exist_ok=bool(args.resume))
+                break
         lock = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -1026,7 +1025,8 @@ class Run:
         last_eval = "{2:.1f} +- {3:.1f}".format(*self.evaluations[-1]) if self.evaluations else "-"
         self.progress = Progress(args, loop["global_step"], loop["num_updates"], last_eval)
         start = f"resumed {self.dir} at global_step {loop['global_step']}" if checkpoint else f"run {self.dir}"
-        self.progress.say(f"{start}: {args.env_id}, {args.total_timesteps} steps on {device}")
+        how = " ".join(["compiled"] * args.compile + ["as CUDA graphs"] * args.cudagraphs) or "eager"
+        self.progress.say(f"{start}: {args.env_id}, {args.total_timesteps} steps on {device}, updates {how}")
 
     def stop_on(self, cause):
         last = f"{self.dir}/checkpoint.pt" if os.path.exists(f"{self.dir}/checkpoint.pt") else "none"

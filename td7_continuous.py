@@ -20,8 +20,7 @@ the algorithm:
 - Evaluation starts its --eval-episodes episodes from the same seeds every time (so every checkpoint policy is
   judged on the same start states; the authors' single evaluation env keeps advancing between evaluations).
 - The critic's two heads are separate networks, as the authors' (not one batched module as in td3_continuous.py).
-- --compile and --cudagraphs (both off by default; off computes exactly what it always did) run each update
-  as a compiled callable or a replayed CUDA graph: docs/fast_path.md.
+- On a GPU the update steps run as CUDA graphs (--no-cudagraphs: eager, as ever); and --compile: docs/fast_path.md.
 - Added: periodic evaluation into evaluations.csv, checkpoints of the whole run with --resume, signal
   handling, a guard against non-finite losses, one-line errors for bad input, --save-buffer.
 
@@ -72,8 +71,8 @@ class Args:
     """the name of this experiment"""
     seed: int = 1
     """seed of the experiment (python, numpy, torch and the envs)"""
-    torch_deterministic: bool = True
-    """on a GPU, deterministic algorithms wherever PyTorch has them (docs/fast_path.md)"""
+    torch_deterministic: bool = False
+    """on a GPU, the same numbers every run: deterministic algorithms, at a price (docs/fast_path.md)"""
     cuda: bool = True
     """use the GPU if there is one"""
     torch_threads: int = 0
@@ -115,8 +114,8 @@ class Args:
     """log the mean of the losses over this many updates, and check them for NaN"""
     compile: bool = False
     """torch.compile the update steps (CPU or GPU; the same numbers up to float rounding)"""
-    cudagraphs: bool = False
-    """capture each update step once as a CUDA graph and replay it (needs a GPU; can be combined with --compile)"""
+    cudagraphs: bool = True
+    """on a GPU, each update step captured once as a CUDA graph and replayed (--no-cudagraphs: eager)"""
 
     # Algorithm specific arguments (the authors' defaults)
     offline: bool = False
@@ -240,8 +239,8 @@ class LAPReplayBuffer:
     `self.batch`, which stays in one place in memory (as a CUDA graph needs); there are no importance weights. The
     length is a device tensor too, so that sampling never reads a host number."""
 
-    def __init__(self, capacity, obs_dim, act_dim, batch_size, device):
-        self.capacity, self.device, self.pos, self.full = capacity, device, 0, False
+    def __init__(self, capacity, obs_dim, act_dim, batch_size, device, whole_ring=False):
+        self.capacity, self.device, self.pos, self.full, self.whole_ring = capacity, device, 0, False, whole_ring
         self.split = [obs_dim, act_dim, 1, 1, obs_dim]
         self.data = torch.zeros(capacity, sum(self.split), device=device)
         self.batch = torch.zeros(batch_size, sum(self.split), device=device)
@@ -269,14 +268,15 @@ class LAPReplayBuffer:
 
     def sample(self):
         """obs, action, reward, terminated, next_obs; reward and terminated of shape (batch, 1)."""
-        # Over the whole ring, whose unwritten rows have priority 0: the length stays on the device.
+        # Over the rows written (compiled or captured: the whole ring, unwritten rows at priority 0, shapes fixed).
+        priority = self.priority if self.whole_ring else self.priority[: len(self)]
         if self.exact:  # a sum of integers (priorities in units of 2**-20) is exact: the same on every GPU run
             # and so is an integer draw modulo their total (a float64 draw would be float32 under --compile)
-            csum = torch.cumsum((self.priority.double() * 2**20).round().long(), 0)
+            csum = torch.cumsum((priority.double() * 2**20).round().long(), 0)
             value = torch.randint(0, 2**62, (len(self.batch),), device=self.device) % csum[-1]
             self.idx.copy_(torch.searchsorted(csum, value, right=True).clamp(max=self.length - 1))
         else:
-            csum = torch.cumsum(self.priority, 0)
+            csum = torch.cumsum(priority, 0)
             value = torch.rand(len(self.batch), device=self.device) * csum[-1]
             self.idx.copy_(torch.searchsorted(csum, value).clamp(max=self.length - 1))
         self.batch.copy_(self.data[self.idx])
@@ -521,9 +521,7 @@ def main(args):
 
     sizes = (obs_dim, act_dim, args.zs_dim, args.hidden_dim)  # of the networks
     device = choose_device(args, (capacity + args.batch_size) * (2 * obs_dim + act_dim + 3) * 4)  # rows, priorities
-    encoder = Encoder(*sizes).to(device)
-    actor = Actor(*sizes).to(device)
-    qf = Critic(*sizes).to(device)
+    encoder, actor, qf = (Network(*sizes).to(device) for Network in (Encoder, Actor, Critic))  # in this order
     fixed_encoder, fixed_encoder_target, checkpoint_encoder = (frozen_copy(encoder) for _ in range(3))
     actor_target, checkpoint_actor, qf_target = frozen_copy(actor), frozen_copy(actor), frozen_copy(qf)
     # Value clipping: targets are clipped to the (min, max) of all targets seen up to the last target update.
@@ -533,7 +531,7 @@ def main(args):
     encoder_optimizer = adam(encoder.parameters(), lr=args.encoder_lr)
     q_optimizer = adam(qf.parameters(), lr=args.q_lr)
     actor_optimizer = adam(actor.parameters(), lr=args.policy_lr)
-    rb = LAPReplayBuffer(capacity, obs_dim, act_dim, args.batch_size, device)
+    rb = LAPReplayBuffer(capacity, obs_dim, act_dim, args.batch_size, device, args.compile or args.cudagraphs)
     update_steps = [accelerate(partial(update, rb, encoder, actor, qf, fixed_encoder, fixed_encoder_target,
                                        actor_target, qf_target, value_range, value_clip, encoder_optimizer,
                                        q_optimizer, actor_optimizer, args, with_actor), args)
@@ -693,8 +691,6 @@ def check_args(args):
         "--dataset is only read with --offline": args.dataset and not args.offline,
         "--num-envs above 1 needs --no-checkpoints: a checkpoint judges whole episodes of one policy": (
             args.num_envs > 1 and args.checkpoints),
-        "--cudagraphs needs a GPU: --no-cuda is set": args.cudagraphs and not args.cuda,
-        "--cudagraphs needs a GPU: none is available": args.cudagraphs and not torch.cuda.is_available(),
         "--track needs wandb: pip install wandb": args.track and not importlib.util.find_spec("wandb"),
     }
     for message in (message for message, problem in problems.items() if problem):
@@ -777,6 +773,7 @@ def choose_device(args, buffer_bytes):
     if args.cuda and not torch.cuda.is_available():
         print("warning: no GPU is available; running on the CPU", file=sys.stderr)
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
+    args.cudagraphs = args.cudagraphs and device.type == "cuda"  # as it runs (args.json, the checkpoint)
     if device.type == "cuda" and args.torch_deterministic:  # the CPU's ops are deterministic already
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition, before its first use
         torch.use_deterministic_algorithms(True, warn_only=True)  # a warning names any op that has no such version
@@ -906,11 +903,14 @@ def write_atomically(path, write, mode="w"):
 
 
 def claim_run_dir(args):
-    """runs/{run_name} made (or --resume's) and locked by a file naming this process: a second writer is refused."""
+    """runs/{run_name} made (-2, -3, ... if taken) or --resume's, locked by a file naming this process: one writer."""
     name = f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     path = os.path.dirname(os.path.abspath(args.resume)) if args.resume else os.path.abspath(os.path.join("runs", name))
     try:
-        os.makedirs(path, exist_ok=bool(args.resume))
+        for path in [path] if args.resume else [path + f"-{n}" * (n > 1) for n in range(1, 1000)]:
+            with contextlib.suppress(FileExistsError):  # (mkdir is atomic: of runs started together, one takes a name)
+                os.makedirs(path, exist_ok=bool(args.resume))
+                break
         lock = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -1023,7 +1023,8 @@ class Run:
         last_eval = "{2:.1f} +- {3:.1f}".format(*self.evaluations[-1]) if self.evaluations else "-"
         self.progress = Progress(args, loop["global_step"], loop["num_updates"], last_eval)
         start = f"resumed {self.dir} at global_step {loop['global_step']}" if checkpoint else f"run {self.dir}"
-        self.progress.say(f"{start}: {args.env_id}, {args.total_timesteps} steps on {device}")
+        how = " ".join(["compiled"] * args.compile + ["as CUDA graphs"] * args.cudagraphs) or "eager"
+        self.progress.say(f"{start}: {args.env_id}, {args.total_timesteps} steps on {device}, updates {how}")
 
     def stop_on(self, cause):
         last = f"{self.dir}/checkpoint.pt" if os.path.exists(f"{self.dir}/checkpoint.pt") else "none"

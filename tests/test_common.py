@@ -424,8 +424,9 @@ def test_threads_beside_busy_processes(script):
 
 def test_progress_in_a_log_file(script, tmp_path):
     """A run through the command line with its output to a pipe (as to a log file): no carriage return anywhere, the
-    run's first line, one line per evaluation (those of evaluations.csv), no progress line in a run shorter than a
-    minute (at most one a minute), and the closing line last."""
+    run's first line (on the CPU the updates run eagerly, --cudagraphs being for a GPU, and args.json says so too),
+    one line per evaluation (those of evaluations.csv), no progress line in a run shorter than a minute (at most one
+    a minute), and the closing line last."""
     started = time.monotonic()
     result = run_cli(script, flags_with(TINY, eval_freq=100), tmp_path)
     elapsed = time.monotonic() - started
@@ -433,7 +434,8 @@ def test_progress_in_a_log_file(script, tmp_path):
     assert "\r" not in result.stdout + result.stderr
     lines = result.stdout.splitlines()
     (run_dir,) = (tmp_path / "runs").iterdir()
-    assert lines[0].startswith(f"run {run_dir}: ")
+    assert lines[0] == f"run {run_dir}: {DEFAULT_ENV[script]}, 400 steps on cpu, updates eager"
+    assert json.loads((run_dir / "args.json").read_text())["cudagraphs"] is False
     evaluations = [line for line in lines if " | eval return " in line]
     assert [line.split("/")[0] for line in evaluations] == [
         f"step {r['global_step']}" for r in read_evaluations(run_dir)
