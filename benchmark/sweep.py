@@ -152,10 +152,10 @@ class Place:
         """The run's GPU through its MPS daemon's pipe (NVIDIA's per-GPU set-up: the daemon's CUDA_VISIBLE_DEVICES
         picks the GPU, and a client leaves it unset), else as its CUDA_VISIBLE_DEVICES."""
         if self.gpu.id in mps:
-            pipe = mps[self.gpu.id]
+            pipe, logs = mps[self.gpu.id]
             return {
                 "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
-                "CUDA_MPS_LOG_DIRECTORY": str(pipe.parent),
+                "CUDA_MPS_LOG_DIRECTORY": str(logs),
                 "CUDA_VISIBLE_DEVICES": None,
             }
         return {"CUDA_VISIBLE_DEVICES": self.gpu.id}
