@@ -94,12 +94,11 @@ def start_run(script, env_id, seed, flags, threads, directory, logs, checkpoint=
     and shows it its GPU: through the MPS daemon of that GPU when `mps` (GPU id -> its pipe directory) has one."""
     log = Path(logs) / f"{exp_name_of(script, flags)}__{env_id.replace('/', '-')}__{seed}.log"
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    env = {k: v for k, v in {**env, **(place.env(mps or {}) if place else {})}.items() if v is not None}
+    placing = place.popen(mps or {}, env) if place else {"env": env}
     cmd = run_command(script, env_id, seed, flags, threads, checkpoint)
-    pin = None if place is None else (lambda: os.sched_setaffinity(0, place.cores))  # inherited by all it starts
     with open(log, "a" if checkpoint else "w") as out:
         process = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=directory, start_new_session=True, preexec_fn=pin
+            cmd, stdout=out, stderr=subprocess.STDOUT, cwd=directory, start_new_session=True, **placing
         )
     process.place = place
     return process, log
@@ -148,17 +147,16 @@ class Place:
         cores = ",".join(map(str, self.cores))
         return f"GPU {self.gpu.name}, core{'s' if len(self.cores) > 1 else ''} {cores}"
 
-    def env(self, mps):
-        """The run's GPU through its MPS daemon's pipe (NVIDIA's per-GPU set-up: the daemon's CUDA_VISIBLE_DEVICES
-        picks the GPU, and a client leaves it unset), else as its CUDA_VISIBLE_DEVICES."""
+    def popen(self, mps, env):
+        """Popen's `env` and `preexec_fn` for a process placed here: pinned to its cores (which all it starts
+        inherit), its GPU through that GPU's MPS daemon where `mps` (GPU id -> (pipe, log directory)) has one (NVIDIA's
+        per-GPU set-up: the daemon's CUDA_VISIBLE_DEVICES picks the GPU, and a client leaves it unset), else as its
+        CUDA_VISIBLE_DEVICES."""
+        env = dict(env, CUDA_VISIBLE_DEVICES=self.gpu.id)
         if self.gpu.id in mps:
-            pipe, logs = mps[self.gpu.id]
-            return {
-                "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
-                "CUDA_MPS_LOG_DIRECTORY": str(logs),
-                "CUDA_VISIBLE_DEVICES": None,
-            }
-        return {"CUDA_VISIBLE_DEVICES": self.gpu.id}
+            del env["CUDA_VISIBLE_DEVICES"]
+            env["CUDA_MPS_PIPE_DIRECTORY"], env["CUDA_MPS_LOG_DIRECTORY"] = map(str, mps[self.gpu.id])
+        return {"env": env, "preexec_fn": lambda: os.sched_setaffinity(0, self.cores)}
 
 
 def places(gpus, runs_per_gpu, threads, cpus):

@@ -374,6 +374,69 @@ def test_slurm_tasks_of_runs_per_gpu(tmp_path):
     assert "--runs-per-gpu 2 --threads 1 --no-mps --slurm-task" in cpu.stdout
 
 
+def test_steady_speed_is_timed_by_the_events_wall_time():
+    """TD7's pattern: the first update at the first episode end after --learning-starts (step 1130, not 1000), and
+    bursts of updates logging several points at one step, each step timed by its last point. The middle of 1130-2500
+    is nearest step 2000 (its last point at 16 s): 500 steps in 2 s."""
+    from benchmark.speed import steady_sps
+
+    points = [(1130, 10.0), (1500, 11.0), (1500, 12.0), (1500, 13.0), (2000, 15.0), (2000, 16.0), (2500, 18.0)]
+    assert steady_sps(points) == 250.0
+    assert math.isnan(steady_sps([(1130, 10.0), (1130, 11.0)]))
+
+
+def test_together_figures():
+    """Two repeats of two copies: totals 220 and 200, median 210, 3.5 times one copy's 60; each copy's sorted; the
+    slowest over the fastest 90 / 120."""
+    from benchmark.speed import together
+
+    copies = [[{"steady_sps": 100.0}, {"steady_sps": 120.0}], [{"steady_sps": 90.0}, {"steady_sps": 110.0}]]
+    assert together(copies, 60.0) == (210.0, 3.5, [90.0, 100.0, 110.0, 120.0], 0.75)
+    assert together(copies[:1])[1] is None
+
+
+@needs_two_cores
+def test_speed_copies_are_placed_as_a_sweep_places_them(tmp_path, gpu_stand_ins):
+    """On a GPU (the stand-in's one) the copies go as sweep.py --runs-per-gpu places them: a core each, through the
+    GPU's MPS daemon when there is one, else shown the GPU by CUDA_VISIBLE_DEVICES. Each copy here reports what it
+    was given; none measures anything."""
+    from benchmark.speed import start_copies
+
+    gpu_stand_ins(gpus=1)
+    cuda_env = "{k: v for k, v in os.environ.items() if k.startswith('CUDA_')}"
+    report = f"import json, os; print(json.dumps([sorted(os.sched_getaffinity(0)), {cuda_env}]))"
+    mps = {"GPU-stand-in-0": (tmp_path / "pipe", tmp_path)}
+    for daemon, cuda in [
+        (mps, {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(tmp_path)}),
+        ({}, {"CUDA_VISIBLE_DEVICES": "GPU-stand-in-0"}),
+    ]:
+        copies = start_copies([sys.executable, "-c", report], 2, "cuda", 1, daemon)
+        assert [json.loads(copy.communicate()[0]) for copy in copies] == [[[0], cuda], [[1], cuda]]
+
+
+def test_speed_together_on_the_cpu(tmp_path):
+    """--together 1 2 on the CPU (a check of the plumbing, at a size that measures nothing worth keeping): a row per
+    count with the copies' total, its multiple of one copy's and each copy's, each copy's figure printed; no MPS row
+    on a CPU."""
+    out = tmp_path / "speed.md"
+    options = ["--scripts", "td3_continuous.py", "--devices", "cpu", "--updates", "200", "--repeats", "1"]
+    cmd = [sys.executable, str(REPO / "benchmark/speed.py"), *options, "--threads", "1", "--together", "1", "2"]
+    result = subprocess.run(
+        [*cmd, "--mps", "off", "on", "--out", str(out)], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert "MPS is for a GPU: no td3_continuous.py row on cpu with MPS on" in result.stdout
+    rows = [line.split(" | ") for line in out.read_text().splitlines() if line.startswith("| td3_continuous.py")]
+    assert [row[3:5] for row in rows] == [["off", "1"], ["off", "2"]]
+    each = [
+        line.rpartition(": each ")[2].split(" steps/s")[0] for line in result.stdout.splitlines() if ": each " in line
+    ]
+    one, two = [float(x) for x in each[0].split(", ")], [float(x) for x in each[1].split(", ")]
+    assert len(one) == 1 and len(two) == 2
+    assert abs(float(rows[1][5]) - sum(two)) <= 2  # the total: the two copies' steady steps/s (each rounded)
+    assert abs(float(rows[1][6]) - sum(two) / one[0]) < 0.05 * sum(two) / one[0]
+
+
 def write_run(runs, algorithm, env_id, seed, rows):
     run = runs / f"{env_id}__{algorithm}__{seed}__0"
     run.mkdir(parents=True)
