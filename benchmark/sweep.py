@@ -2,8 +2,10 @@
 
     python benchmark/sweep.py td3_continuous.py --envs Hopper-v4 Walker2d-v4 --seeds 1 2 3 --workers 2 \
         -- --total-timesteps 300000
+    python benchmark/sweep.py td3_continuous.py --envs mujoco --seeds 1 2 3 4 --runs-per-gpu 8 -- --cudagraphs
     python benchmark/sweep.py td3_continuous.py --slurm --time 24:00:00 --cpus-per-task 2 --gpus 1 \
         -- --total-timesteps 1000000
+    python benchmark/sweep.py td3_continuous.py --slurm --runs-per-gpu 8 --time 24:00:00   # 8 runs per task's GPU
 
 --envs takes env ids or the names of sets (mujoco, classic, atari); without it, a script runs on its own set
 (classic for sac_discrete.py, mujoco for the others), with seeds 1 2 3 unless --seeds says otherwise. Each run
@@ -17,10 +19,27 @@ and other sweeps never mix with it. A run is skipped when the sweep's runs/ alre
 evaluations.csv whose last row reached the run's total_timesteps), and an unfinished run that left a checkpoint.pt
 is resumed from it, so a sweep can simply be started again after an interruption or a pre-emption.
 
-With --slurm, the same runs become one `sbatch` job array: task i runs this file in local mode for the i-th
-(env, seed), so skipping and resuming work the same way there. Slurm sends SIGTERM --signal-before seconds
-before the time limit, which makes the scripts write a checkpoint; with --requeue the task then starts again
-and resumes. --wait blocks until the whole array has finished.
+Filling GPUs: one run uses a sliver of a modern GPU, so --runs-per-gpu N runs N at once on each GPU it sees
+(CUDA_VISIBLE_DEVICES's, else nvidia-smi -L's; --gpu-ids to choose), the GPUs taken in turn, each run pinned to
+--threads CPU cores of its own (N x GPUs x --threads cores in all, or it says so and stops) and shown only its GPU.
+The status lines and the summary at the end say which GPU and cores each run had. Without a GPU it says so in one
+line and runs as without --runs-per-gpu. Processes on one GPU time-slice it: one runs its kernels at a time. CUDA's
+Multi-Process Service (MPS) runs the kernels of several processes side by side, which small-kernel work like these
+updates needs; so with two or more runs per GPU the sweep starts an MPS control daemon for each GPU
+(nvidia-cuda-mps-control -d, its pipe and log directories under {dir}/mps/, the daemon shown its GPU and the runs
+pointed to the daemon's pipe, as NVIDIA's guide sets it up) and stops it (echo quit | nvidia-cuda-mps-control) when
+the sweep ends, Ctrl-C and SIGTERM included. It says in one line when it does not: no nvidia-cuda-mps-control on
+the PATH, a daemon that it did not start answers already (the runs use that one, and the sweep never stops it), a
+GPU in compute mode Prohibited, or the daemon refused to start (not allowed). --no-mps turns it off. A GPU in
+exclusive-process mode takes one process only, so it needs MPS to hold more than one run. benchmark/speed.py
+--together measures what N runs on one GPU make, with and without MPS.
+
+With --slurm, the same runs become one `sbatch` job array: task i runs this file in local mode for its runs (the
+i-th (env, seed); with --runs-per-gpu N, N of them on each of its --gpus, default 1, asking for N x --threads
+cores), so skipping, resuming, placing and MPS work the same way there; a task with --gpus 0 sees no GPU and runs
+its N runs on its cores. Slurm sends SIGTERM --signal-before seconds before the time limit, which makes every run
+of the task write a checkpoint; with --requeue the task then starts again and resumes. --wait blocks until the
+whole array has finished.
 """
 
 import argparse
@@ -526,7 +545,7 @@ def main(argv=None):
         type=int,
         help="default 2; with --runs-per-gpu, --threads for each run the task holds",
     )
-    slurm.add_argument("--mem", default="8G", help="memory per run")
+    slurm.add_argument("--mem", help="memory per task (default 8G for each run it holds)")
     slurm.add_argument(
         "--gpus",
         type=int,
@@ -558,6 +577,7 @@ def main(argv=None):
         parser.error("--runs-per-gpu must be positive")
     args.gpus = (0 if args.runs_per_gpu is None else 1) if args.gpus is None else args.gpus
     args.cpus_per_task = args.cpus_per_task or (2 if args.runs_per_gpu is None else task_size(args) * args.threads)
+    args.mem = args.mem or f"{8 * task_size(args)}G"
     if args.slurm and args.cpus_per_task < task_size(args):
         parser.error(f"--cpus-per-task {args.cpus_per_task}: a task holds {task_size(args)} runs, a core each at least")
     names = args.envs or (["classic"] if Path(args.script).stem == "sac_discrete" else ["mujoco"])

@@ -367,6 +367,7 @@ def test_slurm_tasks_of_runs_per_gpu(tmp_path):
                     "--dry-run", timeout=60).stdout  # fmt: skip
     assert "#SBATCH --array=0-1\n" in job and "#SBATCH --cpus-per-task=2\n" in job and "#SBATCH --gres=gpu:1\n" in job
     assert "TASKS=('Hopper-v4@1 Hopper-v4@2' Hopper-v4@3)\n" in job
+    assert "#SBATCH --mem=16G\n" in job  # 8G for each of its runs
     assert "--task-runs ${TASKS[$SLURM_ARRAY_TASK_ID]} --runs-per-gpu 2 --threads 1 --slurm-task" in job, job
     assert "CUDA_VISIBLE_DEVICES" not in job
     cpu = sweep(tmp_path, ["Hopper-v4"], "--slurm", "--runs-per-gpu", "2", "--gpus", "0", "--no-mps", "--dry-run")
