@@ -61,6 +61,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 MPS_CONTROL = "nvidia-cuda-mps-control"
 TEXT = dict(capture_output=True, text=True, timeout=60)  # the GPU tools' calls: their output, never waiting long
+COMPUTE_MODE = ["--query-gpu=compute_mode", "--format=csv,noheader"]  # nvidia-smi's: each GPU's, a line each
 ENV_SETS = {
     "mujoco": ["Hopper-v4", "HalfCheetah-v4", "Walker2d-v4", "Ant-v4", "Humanoid-v4"],
     "classic": ["CartPole-v1", "Acrobot-v1", "MountainCar-v0"],
@@ -201,7 +202,7 @@ def start_mps(gpus, directory, say):
             "leaves it running"
         )
         return {}
-    modes = (nvidia_smi("--query-gpu=compute_mode", "--format=csv,noheader") or "").split()
+    modes = (nvidia_smi(*COMPUTE_MODE) or "").split()
     if "Prohibited" in modes:
         say("MPS: a GPU is in compute mode Prohibited (nvidia-smi -c): no process may use it, MPS neither")
         return {}
@@ -346,6 +347,10 @@ def run_local(args, flags, runs):
     try:
         if slots and args.mps and args.runs_per_gpu > 1:  # MPS only pays where runs share a GPU
             mps = start_mps(gpus, args.dir, status.say)
+        if slots and args.runs_per_gpu > 1 and not mps and "Exclusive_Process" in (nvidia_smi(*COMPUTE_MODE) or ""):
+            status.say(
+                "a GPU is in compute mode Exclusive_Process, which takes one process: unless MPS serves it, one run"
+            )
         while (todo and not stop) or running:
             while todo and not stop and len(running) < workers:
                 env_id, seed, checkpoint = todo.pop(0)
@@ -434,8 +439,9 @@ def slurm_job(args, flags, runs):
         f"--cpus-per-task={args.cpus_per_task}",
         f"--mem={args.mem}",
         f"--output={logs}/slurm-%A_%a.out",
-        f"--signal=TERM@{args.signal_before}",
-    ]  # SIGTERM before the limit: the runs checkpoint
+        f"--signal={'TERM' if args.runs_per_gpu is None else 'B:TERM'}@{args.signal_before}",
+    ]  # SIGTERM before the limit: the runs checkpoint (with --runs-per-gpu, through the sweep alone, which stops its
+    # MPS daemons only once its runs are done)
     directives += [f"--gres=gpu:{args.gpus}"] if args.gpus else []
     directives += [f"--partition={args.partition}"] if args.partition else []
     directives += ["--requeue"] if args.requeue else []

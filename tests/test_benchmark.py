@@ -254,8 +254,9 @@ def test_sweep_fills_a_gpu_and_runs_its_mps_daemon(tmp_path, gpu_stand_ins):
 def test_ctrl_c_to_a_gpu_sweep_leaves_no_run_and_no_daemon(mps, tmp_path, gpu_stand_ins):
     """While they run, each of the two runs is pinned to its own core and sees its GPU: through the MPS daemon's
     pipe (CUDA_VISIBLE_DEVICES unset, as NVIDIA's MPS guide asks of a client), or with --no-mps as
-    CUDA_VISIBLE_DEVICES. Ctrl-C then checkpoints both, and leaves no run and no daemon behind."""
-    record = gpu_stand_ins(gpus=1)
+    CUDA_VISIBLE_DEVICES (and a GPU in exclusive-process mode is said to hold one run). Ctrl-C then checkpoints
+    both, and leaves no run and no daemon behind."""
+    record = gpu_stand_ins(gpus=1, mode="Default" if mps else "Exclusive_Process")
     name = f"gpu{mps}{os.getpid()}"  # in each run's command line: how to find it
     flags = flags_with(FLAGS, total_timesteps=10**6, checkpoint_freq=0, eval_freq=0, exp_name=name)
     options = ["--runs-per-gpu", "2", *([] if mps else ["--no-mps"]), "--dir", "s"]
@@ -282,6 +283,8 @@ def test_ctrl_c_to_a_gpu_sweep_leaves_no_run_and_no_daemon(mps, tmp_path, gpu_st
     assert subprocess.run(["pgrep", "-f", name], capture_output=True).returncode == 1, "a run outlived its sweep"
     calls = [line.split()[0] for line in record.read_text().splitlines() if not line.startswith("nvidia-smi")]
     assert calls == (["-d", "quit"] if mps else [])
+    exclusive = "a GPU is in compute mode Exclusive_Process, which takes one process: unless MPS serves it, one run"
+    assert (exclusive in stdout) == (not mps), stdout
     if mps:
         assert not alive(int((pipe / "stand-in.pid").read_text())), "the MPS daemon outlived its sweep"
 
@@ -368,6 +371,7 @@ def test_slurm_tasks_of_runs_per_gpu(tmp_path):
     assert "#SBATCH --array=0-1\n" in job and "#SBATCH --cpus-per-task=2\n" in job and "#SBATCH --gres=gpu:1\n" in job
     assert "TASKS=('Hopper-v4@1 Hopper-v4@2' Hopper-v4@3)\n" in job
     assert "#SBATCH --mem=16G\n" in job  # 8G for each of its runs
+    assert "#SBATCH --signal=B:TERM@300\n" in job  # to the sweep, which passes it on and then stops MPS
     assert "--task-runs ${TASKS[$SLURM_ARRAY_TASK_ID]} --runs-per-gpu 2 --threads 1 --slurm-task" in job, job
     assert "CUDA_VISIBLE_DEVICES" not in job
     cpu = sweep(tmp_path, ["Hopper-v4"], "--slurm", "--runs-per-gpu", "2", "--gpus", "0", "--no-mps", "--dry-run")
