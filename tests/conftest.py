@@ -257,10 +257,16 @@ def gpu_stand_ins(tmp_path, monkeypatch):
     return make
 
 
-def alive(pid):
-    """True while process `pid` runs (a zombie, which has ended but not been reaped, counts as ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
+def ends(pid, within=10.0):
+    """True when process `pid` has ended (or only a zombie is left, not yet reaped) within `within` seconds: a
+    daemon told to quit ends after the command that told it returns."""
+    deadline = time.time() + within
+    while time.time() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rpartition(")")[2].split()[0] == "Z":
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return False

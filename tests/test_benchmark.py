@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from benchmark import report
-from tests.conftest import REPO, alive, cli_env, flags_with, run_cli
+from tests.conftest import REPO, cli_env, ends, flags_with, run_cli
 
 SWEEP = "sweeps/td3_continuous"  # the default directory of a td3_continuous.py sweep, below the sweep's cwd
 FLAGS = [
@@ -246,7 +246,7 @@ def test_sweep_fills_a_gpu_and_runs_its_mps_daemon(tmp_path, gpu_stand_ins):
     calls = [line for line in record.read_text().splitlines() if not line.startswith("nvidia-smi")]
     pipe = root.resolve() / "gpu0/pipe"
     assert calls == [f"-d pipe={pipe} log={pipe.parent} visible=GPU-stand-in-0", f"quit pipe={pipe}"]
-    assert not alive(int((pipe / "stand-in.pid").read_text()))
+    assert ends(int((pipe / "stand-in.pid").read_text()))
 
 
 @needs_two_cores
@@ -286,7 +286,7 @@ def test_ctrl_c_to_a_gpu_sweep_leaves_no_run_and_no_daemon(mps, tmp_path, gpu_st
     exclusive = "a GPU is in compute mode Exclusive_Process, which takes one process: unless MPS serves it, one run"
     assert (exclusive in stdout) == (not mps), stdout
     if mps:
-        assert not alive(int((pipe / "stand-in.pid").read_text())), "the MPS daemon outlived its sweep"
+        assert ends(int((pipe / "stand-in.pid").read_text())), "the MPS daemon outlived its sweep"
 
 
 def test_mps_is_started_only_where_it_can_be_and_others_are_left_alone(tmp_path, gpu_stand_ins, monkeypatch):
