@@ -187,6 +187,33 @@ def test_two_runs_per_slurm_task(tmp_path):
     assert all((tmp_path / SWEEP / f"logs/td3_continuous__tests.toy_envs:Counter-v0__{s}.log").exists() for s in (1, 2))
 
 
+def test_preempting_a_slurm_task_checkpoints_every_run_in_it(tmp_path):
+    """SIGTERM to a task of two runs (as its --signal=B:TERM sends it to the task's sweep before the time limit)
+    reaches both runs, which write their checkpoints; the task ends and leaves no run behind."""
+    needs_slurm()
+    name = f"preempt{os.getpid()}"
+    flags = flags_with(FLAGS, total_timesteps=10**6, checkpoint_freq=0, eval_freq=0, exp_name=name)
+    options = ["--slurm", "--time", "10", "--mem", "1G", "--runs-per-gpu", "2", "--gpus", "0"]
+    result = sweep(tmp_path, ["tests.toy_envs:Counter-v0"], *options, flags=flags)
+    job = result.stdout.split("submitted job array ")[1].split()[0]
+    logs = [tmp_path / f"sweeps/{name}/logs/{name}__tests.toy_envs:Counter-v0__{seed}.log" for seed in (1, 2)]
+    try:
+        deadline = time.time() + 300
+        while not all(log.exists() and " steps on " in log.read_text() for log in logs) and time.time() < deadline:
+            time.sleep(0.5)
+        subprocess.run(["scancel", "--batch", "--signal=TERM", job], check=True)
+        while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip():
+            assert time.time() < deadline + 120, f"job {job} did not end after SIGTERM"
+            time.sleep(0.5)
+    finally:
+        subprocess.run(["scancel", job])
+    assert all("SIGTERM at global_step" in log.read_text() for log in logs), [log.read_text() for log in logs]
+    assert len(list((tmp_path / f"sweeps/{name}/runs").glob("*/checkpoint.pt"))) == 2
+    (out,) = (tmp_path / f"sweeps/{name}/logs").glob("slurm-*_0.out")
+    assert "sweep stopped by SIGTERM: 0 done, 0 failed, 0 not started" in out.read_text(), out.read_text()
+    assert subprocess.run(["pgrep", "-f", name], capture_output=True).returncode == 1, "a run outlived its task"
+
+
 def test_sweep_status_line_fits_the_terminal(tmp_path, monkeypatch, capsys):
     """On a terminal the status line shares its width between the running runs' last progress lines (less the bar's
     blocks), and never wraps."""
