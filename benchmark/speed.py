@@ -164,7 +164,8 @@ def main(argv=None):
         "--mps",
         nargs="+",
         choices=["off", "on"],
-        help="with --together on a GPU: without and/or with an MPS control daemon for it (default: off on)",
+        help="with --together on a GPU: without and/or with an MPS control daemon for it (default: both on a GPU "
+        "with a count above 1, else off)",
     )
     parser.add_argument(
         "--load",
@@ -182,7 +183,7 @@ def main(argv=None):
 
     devices = args.devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
     machine = torch.cuda.get_device_name() if "cuda" in devices else f"{platform.processor() or platform.machine()}"
-    counts = args.together or [1]
+    counts = sorted(set(args.together or [1]))  # 1 first: the others' multiple is of its total
     header = (
         f"\n## {datetime.date.today()}: {os.cpu_count()} cores, {machine}, torch {torch.__version__}, "
         f"--torch-threads {'default' if args.threads is None else args.threads}, {args.load} busy processes "
@@ -213,6 +214,7 @@ def main(argv=None):
                 continue
             daemon = start_mps(visible_gpus()[:1], tempfile.mkdtemp(), print) if mps == "on" else {}
             if mps == "on" and not daemon:
+                print(f"no MPS daemon started: no {script} rows on {device} ({mode}) with MPS on", flush=True)
                 continue
             one = None
             try:

@@ -111,7 +111,7 @@ def run_command(script, env_id, seed, flags, threads, checkpoint=None):
 def start_run(script, env_id, seed, flags, threads, directory, logs, checkpoint=None, place=None, mps=None):
     """Start one run in the sweep's directory (so into its runs/), its output into the sweep's log of that run, in a
     session of its own: a signal reaches it only when the sweep passes it on. `place`, a Place, pins it to its cores
-    and shows it its GPU: through the MPS daemon of that GPU when `mps` (GPU id -> its pipe directory) has one."""
+    and shows it its GPU: through the MPS daemon of that GPU when `mps` (start_mps's) has one."""
     log = Path(logs) / f"{exp_name_of(script, flags)}__{env_id.replace('/', '-')}__{seed}.log"
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     placing = place.popen(mps or {}, env) if place else {"env": env}
@@ -191,7 +191,7 @@ def places(gpus, runs_per_gpu, threads, cpus):
 def start_mps(gpus, directory, say):
     """Start an MPS control daemon for each GPU (its pipe and log directories under `directory`), unless one already
     answers where the runs would look for it (CUDA_MPS_PIPE_DIRECTORY, else /tmp/nvidia-mps), which is then left to
-    them and never stopped. Returns {GPU id: pipe directory} of the daemons it started; says in one line why none."""
+    them and never stopped. Returns {GPU id: (pipe, log directory)} of those it started; says in one line why none."""
     if shutil.which(MPS_CONTROL) is None:
         say(f"MPS: no {MPS_CONTROL} on the PATH: the runs on a GPU share it by time-slicing")
         return {}
@@ -295,7 +295,7 @@ def placement(args, say):
     if not gpus:
         say(
             f"--runs-per-gpu {args.runs_per_gpu}: no GPU seen (CUDA_VISIBLE_DEVICES "
-            f"{'is empty' if 'CUDA_VISIBLE_DEVICES' in os.environ else 'is unset and nvidia-smi -L lists none'}), "
+            f"{'names none' if 'CUDA_VISIBLE_DEVICES' in os.environ else 'is unset and nvidia-smi -L lists none'}), "
             "so the runs go on the CPU as without it"
         )
         return None
@@ -321,7 +321,7 @@ def run_local(args, flags, runs):
             todo.append((env_id, seed, checkpoint))
     status = Status(len(todo))
     slots = placement(args, status.say)  # with GPUs: runs go where a slot is free, and as many at once as there are
-    workers = len(slots) if slots else args.workers
+    workers = min(len(slots), args.workers) if slots else args.workers
     status.say(
         f"{len(todo)} runs to do ({sum(c is not None for *_, c in todo)} resumed), {skipped} already "
         f"finished; {workers} at a time, {args.threads} torch thread{'s' if args.threads > 1 else ''} "
@@ -349,7 +349,7 @@ def run_local(args, flags, runs):
             mps = start_mps(gpus, args.dir, status.say)
         if slots and args.runs_per_gpu > 1 and not mps and "Exclusive_Process" in (nvidia_smi(*COMPUTE_MODE) or ""):
             status.say(
-                "a GPU is in compute mode Exclusive_Process, which takes one process: unless MPS serves it, one run"
+                "a GPU is in compute mode Exclusive_Process: it takes one process, so one run unless MPS serves it"
             )
         while (todo and not stop) or running:
             while todo and not stop and len(running) < workers:
@@ -514,7 +514,8 @@ def main(argv=None):
     parser.add_argument(
         "--workers",
         type=int,
-        help="local runs at a time (default: the CPUs this process may use, divided by --threads)",
+        help="local runs at a time (default: the CPUs this process may use, divided by --threads; with GPUs, at "
+        "most --runs-per-gpu on each)",
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
     parser.add_argument(

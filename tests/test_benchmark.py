@@ -310,7 +310,7 @@ def test_ctrl_c_to_a_gpu_sweep_leaves_no_run_and_no_daemon(mps, tmp_path, gpu_st
     assert subprocess.run(["pgrep", "-f", name], capture_output=True).returncode == 1, "a run outlived its sweep"
     calls = [line.split()[0] for line in record.read_text().splitlines() if not line.startswith("nvidia-smi")]
     assert calls == (["-d", "quit"] if mps else [])
-    exclusive = "a GPU is in compute mode Exclusive_Process, which takes one process: unless MPS serves it, one run"
+    exclusive = "a GPU is in compute mode Exclusive_Process: it takes one process, so one run unless MPS serves it"
     assert (exclusive in stdout) == (not mps), stdout
     if mps:
         assert ends(int((pipe / "stand-in.pid").read_text())), "the MPS daemon outlived its sweep"
@@ -379,7 +379,7 @@ def test_gpu_sweep_without_a_gpu_or_with_too_few_cores(tmp_path, gpu_stand_ins):
     cores = len(os.sched_getaffinity(0))
     none = sweep_cli(tmp_path, "--runs-per-gpu", "2", "--dry-run", env={"CUDA_VISIBLE_DEVICES": ""}, timeout=60)
     assert none.stdout.startswith(
-        "--runs-per-gpu 2: no GPU seen (CUDA_VISIBLE_DEVICES is empty), so the runs go on the CPU as without it\n"
+        "--runs-per-gpu 2: no GPU seen (CUDA_VISIBLE_DEVICES names none), so the runs go on the CPU as without it\n"
         f"15 runs to do (0 resumed), 0 already finished; {cores} at a time"
     ), none.stdout
     for options, expected in [
