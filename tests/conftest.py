@@ -216,3 +216,57 @@ def check_memory(module, device, buffer_bytes, monkeypatch, **kwargs):
     return module.choose_device(
         module.Args(cuda=device.type == "cuda", torch_deterministic=False), buffer_bytes, **kwargs
     )
+
+
+@pytest.fixture
+def gpu_stand_ins(tmp_path, monkeypatch):
+    """Stand-ins for nvidia-smi (listing `gpus` GPUs in compute mode `mode`) and nvidia-cuda-mps-control, first on
+    the PATH: gpu_stand_ins(gpus=1) returns the file where both record how they were called, one line a call. The
+    daemon's stand-in is a process that lives until `quit` comes (its pid in the pipe directory's stand-in.pid), so a
+    test can see that the daemon a sweep started is gone. They check what the sweep calls; they measure nothing.
+    `fail`: the daemon's stand-in refuses to start, as where it is not allowed."""
+
+    def make(gpus=1, mode="Default", fail=False):
+        bin_dir, record = tmp_path / "stand-ins", tmp_path / "stand-ins.log"
+        bin_dir.mkdir(exist_ok=True)
+        listing = "".join(f"echo 'GPU {i}: Stand-in GPU (UUID: GPU-stand-in-{i})'; " for i in range(gpus))
+        (bin_dir / "nvidia-smi").write_text(
+            f'#!/usr/bin/env bash\necho "nvidia-smi $*" >> {record}\n'
+            f'case "$1" in -L) {listing};; --query-gpu=compute_mode) for i in $(seq {gpus}); do echo {mode}; done;; '
+            "esac\n"
+        )
+        (bin_dir / "nvidia-cuda-mps-control").write_text(
+            "#!/usr/bin/env bash\n"
+            'pipe="$CUDA_MPS_PIPE_DIRECTORY"\n'
+            'if [ "$1" = -d ]; then\n'
+            f'  echo "-d pipe=$pipe log=$CUDA_MPS_LOG_DIRECTORY visible=$CUDA_VISIBLE_DEVICES" >> {record}\n'
+            + ('  echo "An MPS daemon may not be started here" >&2; exit 1\n' if fail else "")
+            + "  setsid sleep 3600 </dev/null >/dev/null 2>&1 &\n"
+            + '  echo $! > "$pipe/stand-in.pid"; touch "$pipe/control"\n'
+            f'else\n  read -r command; echo "$command pipe=$pipe" >> {record}\n'
+            '  [ "$command" = quit ] && kill "$(cat "$pipe/stand-in.pid")" && rm "$pipe/control"\nfi\n'
+        )
+        for tool in bin_dir.iterdir():
+            tool.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
+        record.touch()
+        return record
+
+    return make
+
+
+def ends(pid, within=10.0):
+    """True when process `pid` has ended (or only a zombie is left, not yet reaped) within `within` seconds: a
+    daemon told to quit ends after the command that told it returns."""
+    deadline = time.time() + within
+    while time.time() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rpartition(")")[2].split()[0] == "Z":
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return False

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from benchmark import report
-from tests.conftest import REPO, cli_env, flags_with, run_cli
+from tests.conftest import REPO, cli_env, ends, flags_with, run_cli
 
 SWEEP = "sweeps/td3_continuous"  # the default directory of a td3_continuous.py sweep, below the sweep's cwd
 FLAGS = [
@@ -143,36 +143,75 @@ def slurm_available():
     return shutil.which("sbatch") is not None and subprocess.run(["sinfo", "-h"], capture_output=True).returncode == 0
 
 
-def test_sweep_on_slurm(tmp_path):
-    """The same runs as a job array on the real single-node cluster that .ci/run starts: sbatch --wait returns
-    when the array is done, and every run's results are there."""
+def needs_slurm():
     if not slurm_available():
         if os.environ.get("CI"):
             pytest.fail("no Slurm cluster answers; .ci/run starts one with .ci/slurm-up")
         pytest.skip("no Slurm cluster here (bash .ci/slurm-up starts a single-node one)")
-    result = sweep(
-        tmp_path,
-        ["tests.toy_envs:Counter-v0"],
-        "--slurm",
-        "--time",
-        "10",
-        "--cpus-per-task",
-        "1",
-        "--mem",
-        "1G",
-        "--wait",
-        timeout=600,
-    )
+
+
+SLURM = ["--slurm", "--time", "10", "--mem", "1G", "--wait"]  # a job array of tiny runs, waited for
+
+
+def finished_runs(sweep_dir):
+    """The last evaluation's step of each seed's run in a td3_continuous sweep of Counter-v0."""
+    runs = sorted((sweep_dir / "runs").glob("tests.toy_envs-Counter-v0__td3_continuous__*"))
+    return [int(list(csv.DictReader(open(run / "evaluations.csv")))[-1]["global_step"]) for run in runs]
+
+
+def test_sweep_on_slurm(tmp_path):
+    """The same runs as a job array on the real single-node cluster that .ci/run starts: sbatch --wait returns
+    when the array is done, and every run's results are there."""
+    needs_slurm()
+    result = sweep(tmp_path, ["tests.toy_envs:Counter-v0"], *SLURM, "--cpus-per-task", "1", timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "all 2 runs finished" in result.stdout
     assert "#SBATCH --array=0-1" in (tmp_path / SWEEP / "logs/td3_continuous.sbatch").read_text()
-    for seed in (1, 2):
-        (run,) = (tmp_path / SWEEP / "runs").glob(f"tests.toy_envs-Counter-v0__td3_continuous__{seed}__*")
-        assert int(list(csv.DictReader(open(run / "evaluations.csv")))[-1]["global_step"]) == 300
+    assert finished_runs(tmp_path / SWEEP) == [300, 300]
     assert len(list((tmp_path / SWEEP / "logs").glob("slurm-*_*.out"))) == 2
     again = sweep(tmp_path, ["tests.toy_envs:Counter-v0"], "--slurm")
     assert again.returncode == 0
     assert "0 runs to submit, 2 already finished" in again.stdout
+
+
+def test_two_runs_per_slurm_task(tmp_path):
+    """--runs-per-gpu 2 on the cluster (--gpus 0: its node has no GPU): one task of two cores holds both runs, which
+    run at once, each with its own log and directory as in a local sweep."""
+    needs_slurm()
+    result = sweep(tmp_path, ["tests.toy_envs:Counter-v0"], *SLURM, "--runs-per-gpu", "2", "--gpus", "0", timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "(1 tasks, 2 runs)" in result.stdout and "all 2 runs finished" in result.stdout, result.stdout
+    assert finished_runs(tmp_path / SWEEP) == [300, 300]
+    (out,) = (tmp_path / SWEEP / "logs").glob("slurm-*_*.out")
+    assert "2 runs to do (0 resumed), 0 already finished; 2 at a time" in out.read_text()
+    assert all((tmp_path / SWEEP / f"logs/td3_continuous__tests.toy_envs:Counter-v0__{s}.log").exists() for s in (1, 2))
+
+
+def test_preempting_a_slurm_task_checkpoints_every_run_in_it(tmp_path):
+    """SIGTERM to a task of two runs (as its --signal=B:TERM sends it to the task's sweep before the time limit)
+    reaches both runs, which write their checkpoints; the task ends and leaves no run behind."""
+    needs_slurm()
+    name = f"preempt{os.getpid()}"
+    flags = flags_with(FLAGS, total_timesteps=10**6, checkpoint_freq=0, eval_freq=0, exp_name=name)
+    options = ["--slurm", "--time", "10", "--mem", "1G", "--runs-per-gpu", "2", "--gpus", "0"]
+    result = sweep(tmp_path, ["tests.toy_envs:Counter-v0"], *options, flags=flags)
+    job = result.stdout.split("submitted job array ")[1].split()[0]
+    logs = [tmp_path / f"sweeps/{name}/logs/{name}__tests.toy_envs:Counter-v0__{seed}.log" for seed in (1, 2)]
+    try:
+        deadline = time.time() + 300
+        while not all(log.exists() and " steps on " in log.read_text() for log in logs) and time.time() < deadline:
+            time.sleep(0.5)
+        subprocess.run(["scancel", "--batch", "--signal=TERM", job], check=True)
+        while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip():
+            assert time.time() < deadline + 120, f"job {job} did not end after SIGTERM"
+            time.sleep(0.5)
+    finally:
+        subprocess.run(["scancel", job])
+    assert all("SIGTERM at global_step" in log.read_text() for log in logs), [log.read_text() for log in logs]
+    assert len(list((tmp_path / f"sweeps/{name}/runs").glob("*/checkpoint.pt"))) == 2
+    (out,) = (tmp_path / f"sweeps/{name}/logs").glob("slurm-*_0.out")
+    assert "sweep stopped by SIGTERM: 0 done, 0 failed, 0 not started" in out.read_text(), out.read_text()
+    assert subprocess.run(["pgrep", "-f", name], capture_output=True).returncode == 1, "a run outlived its task"
 
 
 def test_sweep_status_line_fits_the_terminal(tmp_path, monkeypatch, capsys):
@@ -195,6 +234,239 @@ def test_sweep_status_line_fits_the_terminal(tmp_path, monkeypatch, capsys):
     assert line.endswith(
         "Hopper-v4 2: 75000/300000 steps, ETA 5:01:28, 12 steps/s, 12 updates/s, last eval 514.8 +- 2.8"
     )
+
+
+needs_two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two runs pinned to a core each")
+
+
+def run_environment(pid):
+    """A running process's cores and CUDA environment, read from /proc: what it was really given."""
+    with open(f"/proc/{pid}/environ") as f:
+        env = dict(item.split("=", 1) for item in f.read().split("\0") if "=" in item)
+    return sorted(os.sched_getaffinity(pid)), {k: v for k, v in env.items() if k.startswith("CUDA_")}
+
+
+@needs_two_cores
+def test_sweep_fills_a_gpu_and_runs_its_mps_daemon(tmp_path, gpu_stand_ins):
+    """--runs-per-gpu 2 on the one GPU nvidia-smi's stand-in lists: two runs at a time, on cores 0 and 1, the third on
+    the core that one of them left; an MPS control daemon started for that GPU (pipe and logs under the sweep's
+    directory, the daemon shown the GPU by its UUID) and told to quit at the end; each run's GPU said as it starts
+    and ends and in the summary."""
+    record = gpu_stand_ins(gpus=1)
+    result = sweep_cli(
+        tmp_path, "--envs", "tests.toy_envs:Counter-v0", "--seeds", "1", "2", "3", "--runs-per-gpu", "2", "--dir", "s",
+        *FLAGS,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "3 runs to do (0 resumed), 0 already finished; 2 at a time" in out, out
+    assert "2 runs on each of GPU 0, each run pinned to 1 core of its own" in out, out
+    assert "start  tests.toy_envs:Counter-v0 seed 1 on GPU 0, core 0" in out, out
+    assert "start  tests.toy_envs:Counter-v0 seed 2 on GPU 0, core 1" in out, out
+    first_done = next(line for line in out.splitlines() if line.startswith("done   "))
+    assert f"start  tests.toy_envs:Counter-v0 seed 3 on GPU 0, core {first_done[-2]}" in out, out
+    assert out.strip().splitlines()[-1] == (
+        "GPU 0: tests.toy_envs:Counter-v0 seed 1, tests.toy_envs:Counter-v0 seed 2, tests.toy_envs:Counter-v0 seed 3"
+    )
+    assert len(list((tmp_path / "s/runs").glob("*/evaluations.csv"))) == 3
+    (root,) = (tmp_path / "s/mps").iterdir()
+    calls = [line for line in record.read_text().splitlines() if not line.startswith("nvidia-smi")]
+    pipe = root.resolve() / "gpu0/pipe"
+    assert calls == [f"-d pipe={pipe} log={pipe.parent} visible=GPU-stand-in-0", f"quit pipe={pipe}"]
+    assert ends(int((pipe / "stand-in.pid").read_text()))
+
+
+@needs_two_cores
+@pytest.mark.parametrize("mps", [True, False])
+def test_ctrl_c_to_a_gpu_sweep_leaves_no_run_and_no_daemon(mps, tmp_path, gpu_stand_ins):
+    """While they run, each of the two runs is pinned to its own core and sees its GPU: through the MPS daemon's
+    pipe (CUDA_VISIBLE_DEVICES unset, as NVIDIA's MPS guide asks of a client), or with --no-mps as
+    CUDA_VISIBLE_DEVICES (and a GPU in exclusive-process mode is said to hold one run). Ctrl-C then checkpoints
+    both, and leaves no run and no daemon behind."""
+    record = gpu_stand_ins(gpus=1, mode="Default" if mps else "Exclusive_Process")
+    name = f"gpu{mps}{os.getpid()}"  # in each run's command line: how to find it
+    flags = flags_with(FLAGS, total_timesteps=10**6, checkpoint_freq=0, eval_freq=0, exp_name=name)
+    options = ["--runs-per-gpu", "2", *([] if mps else ["--no-mps"]), "--dir", "s"]
+    proc = sweep_cli(tmp_path, "--envs", "tests.toy_envs:Counter-v0", "--seeds", "1", "2", *options, *flags, start=True)
+    try:
+        logs = [tmp_path / f"s/logs/{name}__tests.toy_envs:Counter-v0__{seed}.log" for seed in (1, 2)]
+        deadline = time.time() + 120
+        while not all(log.exists() and " steps on " in log.read_text() for log in logs) and time.time() < deadline:
+            time.sleep(0.2)
+        pids = subprocess.run(["pgrep", "-f", name], capture_output=True, text=True).stdout.split()
+        seen = sorted((run_environment(int(pid)) for pid in pids if int(pid) != proc.pid), key=str)  # the runs
+        if mps:
+            (pipe,) = (tmp_path / "s/mps").resolve().glob("*/gpu0/pipe")
+            cuda = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(pipe.parent)}
+        else:
+            cuda = {"CUDA_VISIBLE_DEVICES": "GPU-stand-in-0"}
+        assert seen == [([0], cuda), ([1], cuda)]
+    finally:  # the runs stop, as a user's Ctrl-C stops them, even where a check failed
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGINT, stdout + stderr
+    assert all(f"stopped tests.toy_envs:Counter-v0 seed {s} (GPU 0, core {s - 1})" in stdout for s in (1, 2)), stdout
+    assert len(list((tmp_path / "s/runs").glob("*/checkpoint.pt"))) == 2
+    assert subprocess.run(["pgrep", "-f", name], capture_output=True).returncode == 1, "a run outlived its sweep"
+    calls = [line.split()[0] for line in record.read_text().splitlines() if not line.startswith("nvidia-smi")]
+    assert calls == (["-d", "quit"] if mps else [])
+    exclusive = "a GPU is in compute mode Exclusive_Process: it takes one process, so one run unless MPS serves it"
+    assert (exclusive in stdout) == (not mps), stdout
+    if mps:
+        assert ends(int((pipe / "stand-in.pid").read_text())), "the MPS daemon outlived its sweep"
+
+
+def test_mps_is_started_only_where_it_can_be_and_others_are_left_alone(tmp_path, gpu_stand_ins, monkeypatch):
+    """One line each, and no daemon started: without the binary, where a daemon this sweep did not start already
+    answers (never stopped either), with a GPU in compute mode Prohibited; where starting is refused, the refusal's
+    first line. Exclusive-process mode is the mode NVIDIA's guide sets up MPS in: it starts."""
+    from benchmark import sweep as sweep_tool
+
+    gpus = [sweep_tool.Gpu("0", "GPU-stand-in-0")]
+
+    def start(**stand_in):
+        record, said = gpu_stand_ins(**stand_in), []
+        started = sweep_tool.start_mps(gpus, tmp_path / "sweep", said.append)
+        calls = [line for line in record.read_text().splitlines() if not line.startswith("nvidia-smi")]
+        sweep_tool.stop_mps(started, said.append)
+        record.write_text("")
+        return said, calls
+
+    said, calls = start(mode="Exclusive_Process")
+    assert said[0].startswith("MPS: a control daemon for each of GPU 0, logs in ") and calls[0].startswith("-d ")
+    said, calls = start(fail=True)
+    assert said == ["MPS: nvidia-cuda-mps-control -d failed for GPU 0 (exit 1: An MPS daemon may not be started "
+                    "here): its runs time-slice"]  # fmt: skip
+    said, calls = start(mode="Prohibited")
+    assert said == ["MPS: a GPU is in compute mode Prohibited (nvidia-smi -c): no process may use it, MPS neither"]
+    assert calls == []
+    theirs = tmp_path / "their-mps"
+    theirs.mkdir()
+    (theirs / "control").touch()
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(theirs))
+    assert sweep_tool.start_mps(gpus, tmp_path / "sweep", said.append) == {}
+    assert said[-1].startswith(f"MPS: a control daemon that this sweep did not start answers in {theirs}")
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable))
+    assert sweep_tool.start_mps(gpus, tmp_path / "sweep", said.append) == {}
+    assert said[-1] == "MPS: no nvidia-cuda-mps-control on the PATH: the runs on a GPU share it by time-slicing"
+
+
+def test_gpus_seen_and_runs_placed(gpu_stand_ins, monkeypatch):
+    """The GPUs: CUDA_VISIBLE_DEVICES's entries where it is set (empty or -1: none), else nvidia-smi -L's, by index
+    and UUID. The places: the GPUs in turn, each run with --threads cores of its own; None where they do not fit."""
+    from benchmark.sweep import Gpu, places, visible_gpus
+
+    gpu_stand_ins(gpus=2)
+    assert visible_gpus() == [Gpu("0", "GPU-stand-in-0"), Gpu("1", "GPU-stand-in-1")]
+    for value, names in [("2,3", ["2", "3"]), ("", []), ("-1", [])]:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+        assert [gpu.name for gpu in visible_gpus()] == names
+    a, b = Gpu("0", "a"), Gpu("1", "b")
+    placed = places([a, b], 2, 2, list(range(8)))
+    assert [(p.gpu, p.cores, str(p)) for p in placed] == [
+        (a, [0, 1], "GPU 0, cores 0,1"),
+        (b, [2, 3], "GPU 1, cores 2,3"),
+        (a, [4, 5], "GPU 0, cores 4,5"),
+        (b, [6, 7], "GPU 1, cores 6,7"),
+    ]
+    assert places([a, b], 2, 2, list(range(7))) is None
+
+
+def test_gpu_sweep_without_a_gpu_or_with_too_few_cores(tmp_path, gpu_stand_ins):
+    """Without a GPU, --runs-per-gpu is said in one line and the sweep goes on as without it; more runs than cores,
+    and a GPU id it does not see, are one error line each."""
+    gpu_stand_ins(gpus=1)
+    cores = len(os.sched_getaffinity(0))
+    none = sweep_cli(tmp_path, "--runs-per-gpu", "2", "--dry-run", env={"CUDA_VISIBLE_DEVICES": ""}, timeout=60)
+    assert none.stdout.startswith(
+        "--runs-per-gpu 2: no GPU seen (CUDA_VISIBLE_DEVICES names none), so the runs go on the CPU as without it\n"
+        f"15 runs to do (0 resumed), 0 already finished; {cores} at a time"
+    ), none.stdout
+    for options, expected in [
+        (["--runs-per-gpu", str(cores + 1)], f"error: --runs-per-gpu {cores + 1} on 1 GPU at --threads 1 needs "),
+        (["--runs-per-gpu", "1", "--gpu-ids", "3"], "error: --gpu-ids 3: not among the GPUs seen (0)"),
+    ]:
+        result = sweep_cli(tmp_path, *options, "--dry-run", timeout=60)
+        assert result.returncode == 1 and result.stderr.startswith(expected), result.stderr
+
+
+def test_slurm_tasks_of_runs_per_gpu(tmp_path):
+    """With --runs-per-gpu 2 a task holds two runs on one GPU: it asks for one GPU and two cores, and each run gets
+    one thread; with --gpus 0 it asks for none and its runs see none."""
+    job = sweep_cli(tmp_path, "--envs", "Hopper-v4", "--seeds", "1", "2", "3", "--slurm", "--runs-per-gpu", "2",
+                    "--dry-run", timeout=60).stdout  # fmt: skip
+    assert "#SBATCH --array=0-1\n" in job and "#SBATCH --cpus-per-task=2\n" in job and "#SBATCH --gres=gpu:1\n" in job
+    assert "TASKS=('Hopper-v4@1 Hopper-v4@2' Hopper-v4@3)\n" in job
+    assert "#SBATCH --mem=16G\n" in job  # 8G for each of its runs
+    assert "#SBATCH --signal=B:TERM@300\n" in job  # to the sweep, which passes it on and then stops MPS
+    assert "--task-runs ${TASKS[$SLURM_ARRAY_TASK_ID]} --runs-per-gpu 2 --threads 1 --slurm-task" in job, job
+    assert "CUDA_VISIBLE_DEVICES" not in job
+    cpu = sweep(tmp_path, ["Hopper-v4"], "--slurm", "--runs-per-gpu", "2", "--gpus", "0", "--no-mps", "--dry-run")
+    assert "--gres" not in cpu.stdout and "\nexport CUDA_VISIBLE_DEVICES=\n" in cpu.stdout, cpu.stdout
+    assert "--runs-per-gpu 2 --threads 1 --no-mps --slurm-task" in cpu.stdout
+
+
+def test_steady_speed_is_timed_by_the_events_wall_time():
+    """TD7's pattern: the first update at the first episode end after --learning-starts (step 1130, not 1000), and
+    bursts of updates logging several points at one step, each step timed by its last point. The middle of 1130-2500
+    is nearest step 2000 (its last point at 16 s): 500 steps in 2 s."""
+    from benchmark.speed import steady_sps
+
+    points = [(1130, 10.0), (1500, 11.0), (1500, 12.0), (1500, 13.0), (2000, 15.0), (2000, 16.0), (2500, 18.0)]
+    assert steady_sps(points) == 250.0
+    assert math.isnan(steady_sps([(1130, 10.0), (1130, 11.0)]))
+
+
+def test_together_figures():
+    """Two repeats of two copies: totals 220 and 200, median 210, 3.5 times one copy's 60; each copy's sorted; the
+    slowest over the fastest 90 / 120."""
+    from benchmark.speed import together
+
+    copies = [[{"steady_sps": 100.0}, {"steady_sps": 120.0}], [{"steady_sps": 90.0}, {"steady_sps": 110.0}]]
+    assert together(copies, 60.0) == (210.0, 3.5, [90.0, 100.0, 110.0, 120.0], 0.75)
+    assert together(copies[:1])[1] is None
+
+
+@needs_two_cores
+def test_speed_copies_are_placed_as_a_sweep_places_them(tmp_path, gpu_stand_ins):
+    """On a GPU (the stand-in's one) the copies go as sweep.py --runs-per-gpu places them: a core each, through the
+    GPU's MPS daemon when there is one, else shown the GPU by CUDA_VISIBLE_DEVICES. Each copy here reports what it
+    was given; none measures anything."""
+    from benchmark.speed import start_copies
+
+    gpu_stand_ins(gpus=1)
+    cuda_env = "{k: v for k, v in os.environ.items() if k.startswith('CUDA_')}"
+    report = f"import json, os; print(json.dumps([sorted(os.sched_getaffinity(0)), {cuda_env}]))"
+    mps = {"GPU-stand-in-0": (tmp_path / "pipe", tmp_path)}
+    for daemon, cuda in [
+        (mps, {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(tmp_path)}),
+        ({}, {"CUDA_VISIBLE_DEVICES": "GPU-stand-in-0"}),
+    ]:
+        copies = start_copies([sys.executable, "-c", report], 2, "cuda", 1, daemon)
+        assert [json.loads(copy.communicate()[0]) for copy in copies] == [[[0], cuda], [[1], cuda]]
+
+
+def test_speed_together_on_the_cpu(tmp_path):
+    """--together 1 2 on the CPU (a check of the plumbing, at a size that measures nothing worth keeping): a row per
+    count with the copies' total, its multiple of one copy's and each copy's, each copy's figure printed; no MPS row
+    on a CPU."""
+    out = tmp_path / "speed.md"
+    options = ["--scripts", "td3_continuous.py", "--devices", "cpu", "--updates", "200", "--repeats", "1"]
+    cmd = [sys.executable, str(REPO / "benchmark/speed.py"), *options, "--threads", "1", "--together", "1", "2"]
+    result = subprocess.run(
+        [*cmd, "--mps", "off", "on", "--out", str(out)], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert "MPS is for a GPU: no td3_continuous.py row on cpu with MPS on" in result.stdout
+    rows = [line.split(" | ") for line in out.read_text().splitlines() if line.startswith("| td3_continuous.py")]
+    assert [row[3:5] for row in rows] == [["off", "1"], ["off", "2"]]
+    each = [
+        line.rpartition(": each ")[2].split(" steps/s")[0] for line in result.stdout.splitlines() if ": each " in line
+    ]
+    one, two = [float(x) for x in each[0].split(", ")], [float(x) for x in each[1].split(", ")]
+    assert len(one) == 1 and len(two) == 2
+    assert abs(float(rows[1][5]) - sum(two)) <= 2  # the total: the two copies' steady steps/s (each rounded)
+    assert abs(float(rows[1][6]) - sum(two) / one[0]) < 0.05 * sum(two) / one[0]
 
 
 def write_run(runs, algorithm, env_id, seed, rows):
