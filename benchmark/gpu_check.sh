@@ -2,11 +2,12 @@
 # The GPU check: the --cuda, --compile and --cudagraphs paths tested and timed on a machine with a CUDA GPU, in
 # phases (from the repository root, with the package installed: pip install ".[test]"):
 #
-#     bash benchmark/gpu_check.sh all        # tests, speed, compile in one command, in that order (the speed
+#     bash benchmark/gpu_check.sh all        # tests, speed, compile, determinism in one command, in that order (the speed
 #                                            # table's compiled rows fill the cache that the compile tests then use)
 #     bash benchmark/gpu_check.sh tests      # tests/test_gpu.py, except its --compile tests
 #     bash benchmark/gpu_check.sh speed      # the speed table: 5 scripts x eager, cudagraphs, compile+cudagraphs
 #     bash benchmark/gpu_check.sh compile    # tests/test_gpu.py's --compile tests (cold compiles take minutes)
+#     bash benchmark/gpu_check.sh determinism  # the price of --torch-deterministic: eager and cudagraphs with it (last)
 #
 # Without a CUDA GPU it stops with one line and exit status 1. For a GPU machine without internet access, first run
 #     bash benchmark/gpu_check.sh wheels     # with access: the packages as wheels (Python 3.12, x86_64) in .whl/
@@ -101,7 +102,7 @@ rehearse)
   step tests gpu_tests pytest tests/test_fast_path.py tests/test_gpu.py
   step table table cpu eager compile
   ;;
-tests | compile | speed | all)
+tests | compile | speed | determinism | all)
   "$PYTHON" -c 'import sys, torch; sys.exit(None if torch.cuda.is_available() else "error: no CUDA GPU")' || exit 1
   if [ -d .whl ]; then
     step install install .whl || exit 1
@@ -113,9 +114,12 @@ tests | compile | speed | all)
   if [ "$phase" = tests ] || [ "$phase" = all ]; then step tests gpu_tests pytest tests/test_gpu.py -k "not compile"; fi
   if [ "$phase" = speed ] || [ "$phase" = all ]; then step table table cuda eager cudagraphs compile+cudagraphs; fi
   if [ "$phase" = compile ] || [ "$phase" = all ]; then step compile gpu_tests pytest-compile tests/test_gpu.py -k compile; fi
+  if [ "$phase" = determinism ] || [ "$phase" = all ]; then
+    step determinism table cuda eager+deterministic cudagraphs+deterministic
+  fi
   ;;
 *)
-  echo "usage: bash benchmark/gpu_check.sh wheels|tests|compile|speed|all|rehearse" >&2
+  echo "usage: bash benchmark/gpu_check.sh wheels|tests|compile|speed|determinism|all|rehearse" >&2
   exit 2
   ;;
 esac

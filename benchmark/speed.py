@@ -7,7 +7,8 @@ may take a few more steps; its steps/s counts population, learner and update tim
 charts/SPS: env steps per second counted from the first gradient update, read from its TensorBoard log.
 Steps/s "steady" counts only the second half of the updates, timed by each charts/SPS event's wall time: it leaves
 out --compile's compilation and a CUDA graph's capture. Peak memory is the process's maximum resident set (CPU) and
-torch's peak allocation (CUDA). --modes runs the updates eagerly (the default), with --compile, --cudagraphs or both.
+torch's peak allocation (CUDA). --modes runs the updates eagerly (this tool's default; --no-cudagraphs), with
+--compile, --cudagraphs (the scripts' default on a GPU) or both, and each with +deterministic (--torch-deterministic).
 
 --together N [N ...] starts N copies of each run at once, as benchmark/sweep.py --runs-per-gpu N runs them: on a GPU
 each copy pinned to a core of its own (--threads of them) and all on the first GPU, without and with an MPS daemon
@@ -48,12 +49,15 @@ WORKLOAD_ENV = {
 }
 
 
+# --cudagraphs is the scripts' default on a GPU (the CPU ignores it), so eager names its opposite; a mode's
+# "+deterministic" twin adds --torch-deterministic (off by default), to price it on a GPU.
 MODE_FLAGS = {
-    "eager": [],
-    "compile": ["--compile"],
+    "eager": ["--no-cudagraphs"],
+    "compile": ["--compile", "--no-cudagraphs"],
     "cudagraphs": ["--cudagraphs"],
     "compile+cudagraphs": ["--compile", "--cudagraphs"],
 }
+MODE_FLAGS |= {f"{mode}+deterministic": flags + ["--torch-deterministic"] for mode, flags in list(MODE_FLAGS.items())}
 
 
 def steady_sps(points):
@@ -205,7 +209,11 @@ def main(argv=None):
     failed = []
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
     for script, device, mode in [
-        (s, d, m) for s in args.scripts for d in devices for m in args.modes if d == "cuda" or "cudagraphs" not in m
+        (s, d, m)
+        for s in args.scripts
+        for d in devices
+        for m in args.modes
+        if d == "cuda" or not {"cudagraphs", "deterministic"} & set(m.split("+"))  # (the CPU has neither)
     ]:
         command = [sys.executable, __file__, "--child", script, device, mode, "--updates", str(args.updates), *threads]
         for mps in args.mps or (["off", "on"] if device == "cuda" and max(counts) > 1 else ["off"]):

@@ -2,12 +2,15 @@
 --compile, --cudagraphs and both; a CUDA graph computes what the same steps compute eagerly; no update waits for the
 device, compiled or not; TD7's exact sampling stays exact under --compile; discrete SAC's Atari frames are stored
 without a wait and sampled exactly; a run made on the GPU resumes on the CPU, and its model.pt loads without CUDA.
+Without a flag a GPU run replays CUDA graphs (--no-cudagraphs: eager).
 The runs use benchmark/speed.py's workload shapes, so that benchmark/gpu_check.sh compiles each update once for these
 tests and its speed table."""
 
 import importlib
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -47,7 +50,7 @@ def test_cuda_graphs_compute_what_eager_computes(script, tmp_path, monkeypatch):
     flags = on_gpu(without_compile(fast_path_flags(script)))
     with monkeypatch.context() as patch:
         patch.setattr(torch, "compile", lambda step: step)
-        eager = run_main(script, flags + ["--compile"], tmp_path / "eager", monkeypatch)
+        eager = run_main(script, flags + ["--compile", "--no-cudagraphs"], tmp_path / "eager", monkeypatch)
     graphs = run_main(script, flags + ["--cudagraphs"], tmp_path / "graphs", monkeypatch)
     expected, actual = load_checkpoint(eager["run_dir"])["state"], load_checkpoint(graphs["run_dir"])["state"]
     for name, value in expected.items():
@@ -68,6 +71,7 @@ def test_no_update_waits_for_the_device(script, compiled, tmp_path, monkeypatch)
     if not compiled:
         monkeypatch.setattr(torch, "compile", lambda step: step)
     flags = workload_flags(script, "cuda", 40, mode="compile") if compiled else on_gpu(fast_path_flags(script))
+    flags = flags + ["--no-cudagraphs"]  # the steps themselves, not a graph of them
     run_main(script, flags, tmp_path, monkeypatch)
     for step in steps:
         step()  # compiled by now, and the optimizers' state made
@@ -126,9 +130,11 @@ def test_atari_frames_are_stored_without_waiting_and_sampled_the_same_twice():
 
 
 def test_a_gpu_run_resumes_on_the_cpu_and_its_model_loads_without_cuda(tmp_path, monkeypatch):
+    """At the defaults on a GPU (CUDA graphs, as args.json records), then resumed on the CPU (eager)."""
     for script in SCRIPTS:
         flags = on_gpu(flags_with(TINY, checkpoint_freq=400)) + ["--save-model"]
         first = run_main(script, flags, tmp_path / script / "gpu", monkeypatch)
+        assert json.loads((Path(first["run_dir"]) / "args.json").read_text())["cudagraphs"] is True
         checkpoint = f"{first['run_dir']}/checkpoint.pt"
         resumed = run_main(
             script, flags_with(TINY, total_timesteps=600, resume=checkpoint), tmp_path / script / "cpu", monkeypatch
