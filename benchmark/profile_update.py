@@ -21,6 +21,7 @@ import contextlib
 import ctypes
 import functools
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -53,6 +54,9 @@ ACTING = {
     "erl_td3": "population_forward",
 }
 OUTSIDE = ["env step", "acting", "upload", "buffer add", "metrics", "the rest"]  # the phases besides the updates
+# The first calls of each update are its warm-up, left out of the step like the evaluation: --compile compiles in the
+# first, --cudagraphs runs 3 eagerly and captures the 4th; Adam makes its state in the first.
+WARMUP = 4
 
 
 class Probe:
@@ -73,8 +77,10 @@ class Probe:
             return False
         if self.sync:  # so that the phase before has finished on the GPU, and this one's kernels are its own
             torch.cuda.synchronize()
-        self.phase, self.started = phase, time.perf_counter()
         self.calls[phase] += 1
+        if phase in self.callables and self.calls[phase] <= WARMUP:
+            phase = "warm-up"
+        self.phase, self.started = phase, time.perf_counter()
         return True
 
     def end(self):
@@ -209,19 +215,22 @@ def graph_nodes(graph):
 
 
 def probe_run(script, flags, device="cpu", count_ops=False):
-    """Run `script`'s main on `flags` in this process under a Probe; its totals, with main's own seconds."""
+    """Run `script`'s main on `flags` in this process, in a directory of its own (two runs of a second would clash),
+    under a Probe; its totals, with main's own seconds."""
     import tyro
 
     module = load_script(script)
     args = tyro.cli(module.Args, args=flags)
-    threads = torch.get_num_threads()  # --torch-threads is process-wide
+    threads, cwd = torch.get_num_threads(), os.getcwd()  # --torch-threads is process-wide
     try:
+        os.chdir(tempfile.mkdtemp(dir=cwd))
         with Probe(module, device, count_ops) as probe:
             start = time.perf_counter()
             module.main(args)
             probe.seconds["main"] = time.perf_counter() - start
     finally:
         torch.set_num_threads(threads)
+        os.chdir(cwd)
     return probe.totals()
 
 
@@ -229,7 +238,8 @@ def difference(short, long):
     """Per env step of the learning phase, from the totals of a short and a long run of the same workload (their
     set-up, random phase and anything else they share drop out): seconds and ATen ops by phase (the updates as one,
     and each callable), the updates per env step, and per update the ATen ops (and CUDA graph nodes) in the
-    callables. The step's time is main's less the evaluation's; the rest is what no phase holds."""
+    callables. Each callable counts at the cost of its calls after the warm-up, per call; the step's time is main's
+    less the evaluation's and the warm-up calls'; the rest is what no phase holds."""
     steps, updates = long["env_steps"] - short["env_steps"], long["updates"] - short["updates"]
     if steps <= 0:
         raise ValueError("the two runs took the same env steps: give more updates (ERL runs whole generations)")
@@ -238,12 +248,21 @@ def difference(short, long):
         return long[kind].get(name, 0) - short[kind].get(name, 0)
 
     callables = long["callables"]
-    seconds = {name: delta("seconds", name) / steps for name in [*OUTSIDE[:-1], *callables]}
-    seconds["the rest"] = (delta("seconds", "main") - delta("seconds", "evaluation")) / steps - sum(seconds.values())
-    ops = {name: delta("ops", name) / steps for name in [*OUTSIDE, *callables]}
-    for figures in (seconds, ops):
-        figures["updates"] = sum(figures[name] for name in callables)
     calls = {name: delta("calls", name) for name in callables}
+    steady = {
+        name: max(long["calls"].get(name, 0) - WARMUP, 0) - max(short["calls"].get(name, 0) - WARMUP, 0)
+        for name in callables
+    }
+    per_call = {
+        kind: {name: delta(kind, name) / max(steady[name], 1) for name in callables} for kind in ("seconds", "ops")
+    }
+    seconds = {name: delta("seconds", name) / steps for name in OUTSIDE[:-1]}
+    step = (delta("seconds", "main") - delta("seconds", "evaluation") - delta("seconds", "warm-up")) / steps
+    seconds["the rest"] = step - sum(seconds.values()) - sum(delta("seconds", name) for name in callables) / steps
+    ops = {name: delta("ops", name) / steps for name in OUTSIDE}
+    for kind, figures in (("seconds", seconds), ("ops", ops)):
+        figures.update({name: per_call[kind][name] * calls[name] / steps for name in callables})
+        figures["updates"] = sum(figures[name] for name in callables)
     nodes = long["graph_nodes"]
     return {
         "env_steps": steps,
@@ -251,8 +270,8 @@ def difference(short, long):
         "seconds": seconds,
         "ops": ops,
         "ops_per_update": ops["updates"] * steps / max(updates, 1),
-        "ops_per_call": {name: delta("ops", name) / max(calls[name], 1) for name in callables},
-        "seconds_per_call": {name: delta("seconds", name) / max(calls[name], 1) for name in callables},
+        "ops_per_call": per_call["ops"],
+        "seconds_per_call": per_call["seconds"],
         "top_update_ops": sorted(
             ((op, (n - short["update_ops"].get(op, 0)) / max(updates, 1)) for op, n in long["update_ops"].items()),
             key=lambda item: -item[1],
