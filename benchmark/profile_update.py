@@ -1,6 +1,7 @@
-"""Where the CPU time of an update goes, and how close to the arithmetic limit the scripts run: for each script, on
-benchmark/speed.py's workload (Hopper-v4, batch 256, 1000 random steps, then one update per env step), with
---torch-threads 1 unless told otherwise,
+"""Where the time of an update goes, how close to the arithmetic limit the scripts run, and how many ops an update
+dispatches: for each script, on benchmark/speed.py's workload (Hopper-v4, CartPole-v1 for sac_discrete, batch 256,
+1000 random steps, then one update per env step), with --torch-threads 1 unless told otherwise. By default, on the
+CPU:
 
 - the FLOPs of one env step once learning has started (its updates and the actor's forward for acting), counted by
   torch.utils.flop_counter on a short run;
@@ -11,15 +12,38 @@ benchmark/speed.py's workload (Hopper-v4, batch 256, 1000 random steps, then one
   env, numpy). The profiler adds its own overhead to every op, so the ops' times are upper bounds and the rest a
   lower bound.
 
-    python benchmark/profile_update.py --scripts td3_continuous.py sac_continuous.py td7_continuous.py --updates 1000
+--ops and --breakdown (all five scripts unless --scripts; --device cpu or cuda, --mode eager, compile, cudagraphs
+or compile+cudagraphs) run the script's real main in-process under a Probe, which wraps the script's functions from
+outside so that each call of them is a phase of the step: the env's step (gym's SyncVectorEnv.step, ERL's envs'
+own), acting (from the policy's entry outside an update to the action's copy to the host, its noise included),
+`upload`, the buffer's `add`, each update callable that `accelerate` returns, `Metrics.record` (the metrics and
+their logging every --log-freq), and the rest; the evaluation and each update's first 4 calls (compile, a CUDA
+graph's warm-up and capture, Adam's state) are left out. Every figure is the difference between a run of --updates
+and one of 10, so that set-up and the random phase drop out, per env step of the learning phase:
 
-Each script runs in a process of its own; the markdown goes to stdout and is appended to --out when given.
+- --ops: the ATen ops dispatched (counted by a TorchDispatchMode, the backward's included), in the updates and
+  outside them by phase; per update in the callables (averaged over the updates: TD3's and ERL's actor, SAC's
+  policy and TD7's actor step come every 2nd) and per call of each. It is the proxy for kernels per update that
+  needs no GPU; tests/test_ops.py holds each script's count per update under a limit. On a GPU with --mode
+  cudagraphs, also the nodes of each captured CUDA graph (through get_graph_data, or the CUDA runtime's
+  cudaGraphGetNodes; "not available" where neither answers);
+- --breakdown: the time of each phase, and its share of the step. On a GPU each phase begins and ends with
+  torch.cuda.synchronize(), so that it holds its own kernels: that changes what is measured (the host no longer
+  runs ahead of the GPU, so the step is slower than without the probe).
+
+    python benchmark/profile_update.py --scripts td3_continuous.py sac_continuous.py td7_continuous.py --updates 1000
+    python benchmark/profile_update.py --ops --updates 1000
+    python benchmark/profile_update.py --breakdown --scripts td3_continuous.py td7_continuous.py --updates 1000
+    python benchmark/profile_update.py --ops --breakdown --device cuda --mode cudagraphs --updates 1000
+
+Each measurement runs in a process of its own; the markdown goes to stdout and is appended to --out when given.
 """
 
 import argparse
 import contextlib
 import ctypes
 import functools
+import inspect
 import json
 import os
 import subprocess
@@ -148,7 +172,7 @@ class Probe:
             self.patch(buffer, "add", self.wrap("buffer add", buffer.add))
         self.patch(module.Metrics, "record", self.wrap("metrics", module.Metrics.record, self.count_updates))
         self.patch(module.Run, "evaluate_and_log", self.wrap("evaluation", module.Run.evaluate_and_log))
-        if self.sync and self.count_ops:  # the captured graphs kept, so that their nodes can be counted
+        if self.sync and self.count_ops and keeps_graphs():  # the captured graphs kept, their nodes to be counted
             self.patch(torch.cuda, "CUDAGraph", functools.partial(torch.cuda.CUDAGraph, keep_graph=True))
         self.counter = OpCounter(self).__enter__() if self.count_ops else None
         return self
@@ -170,7 +194,11 @@ class Probe:
 
     def totals(self):
         """What the probe has seen, as plain numbers; the nodes of each captured CUDA graph where they can be read."""
-        graphs = {name: graph_nodes(c.graph) for name, c in self.callables.items() if getattr(c, "graph", None)}
+        graphs = {
+            name: graph_nodes(c.graph)
+            for name, c in self.callables.items()
+            if isinstance(getattr(c, "graph", None), torch.cuda.CUDAGraph)
+        }
         return {
             "seconds": dict(self.seconds),
             "ops": dict(self.ops),
@@ -197,6 +225,13 @@ class OpCounter(TorchDispatchMode):
             if phase in self.probe.callables:
                 self.probe.update_ops[str(func)] += 1
         return func(*args, **(kwargs or {}))
+
+
+def keeps_graphs():
+    """Whether this torch's CUDAGraph can keep its cudaGraph_t after capture (keep_graph, torch 2.7 and later)."""
+    with contextlib.suppress(TypeError, ValueError):
+        return "keep_graph" in inspect.signature(torch.cuda.CUDAGraph).parameters
+    return False
 
 
 def graph_nodes(graph):
@@ -398,7 +433,7 @@ def ops_table(results, device, top):
         row += " / ".join(f"{ops[name]:.0f}" for name in OUTSIDE) + f" | {m['updates_per_step']:.2f} | "
         row += f"{m['ops_per_update']:.0f} ({calls}) |"
         if graphs:
-            nodes = ", ".join(f"{name} {n}" for name, n in m["graph_nodes"].items())
+            nodes = ", ".join(f"{name} {'not available' if n is None else n}" for name, n in m["graph_nodes"].items())
             per_update = m["graph_nodes_per_update"]
             row += f" {'not available' if per_update is None else f'{per_update:.0f}'} ({nodes or 'no graph'}) |"
         lines.append(row)
