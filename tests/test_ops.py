@@ -1,13 +1,14 @@
 """The ATen ops dispatched per update inside each script's update callables (the ones `accelerate` returns), on the
 CPU's eager path: benchmark/profile_update.py's count, the GPU-free proxy for kernels per update, held under a stated
-number per script, so that an op added to an update fails here. Each script runs through its real main, on the
-benchmark's workload (Hopper-v4, CartPole-v1 for sac_discrete) with a tiny buffer and batch and a few updates."""
+number per script, so that an op added to an update fails here; and every phase of --breakdown is found. Each script
+runs through its real main, on the benchmark's workload (Hopper-v4, CartPole-v1 for sac_discrete) with a tiny
+buffer and batch and a few updates."""
 
 import importlib
 
 import pytest
 
-from benchmark.profile_update import Probe, difference
+from benchmark.profile_update import OUTSIDE, Probe, difference
 from benchmark.speed import workload_flags
 from tests.conftest import SCRIPTS, flags_with, run_main
 
@@ -36,4 +37,5 @@ def test_aten_ops_per_update_stay_under_the_limit(script, tmp_path, monkeypatch)
     measured = difference(*totals)
     ops = measured["ops_per_update"]
     assert ops > 0, f"no ATen op counted in the updates: {measured}"
+    assert all(totals[1]["calls"].get(phase) for phase in OUTSIDE[:-1]), f"a phase never entered: {totals[1]}"
     assert ops <= LIMITS[script], f"{ops:.1f} ATen ops per update, over {LIMITS[script]}: {measured['ops_per_call']}"
