@@ -429,13 +429,16 @@ def ops_table(results, device, top):
     for script, m in results.items():
         ops, calls = m["ops"], ", ".join(f"{name} {n:.0f}" for name, n in m["ops_per_call"].items())
         outside = sum(ops[name] for name in OUTSIDE)
-        row = f"| {script} | {ops['updates'] + outside:.0f} | {ops['updates']:.0f} | {outside:.0f} | "
-        row += " / ".join(f"{ops[name]:.0f}" for name in OUTSIDE) + f" | {m['updates_per_step']:.2f} | "
-        row += f"{m['ops_per_update']:.0f} ({calls}) |"
+        row = f"| {script} | {ops['updates'] + outside:.1f} | {ops['updates']:.1f} | {outside:.1f} | "
+        row += " / ".join(f"{ops[name]:.1f}" for name in OUTSIDE) + f" | {m['updates_per_step']:.2f} | "
+        row += f"{m['ops_per_update']:.1f} ({calls}) |"
         if graphs:
             nodes = ", ".join(f"{name} {'not available' if n is None else n}" for name, n in m["graph_nodes"].items())
             per_update = m["graph_nodes_per_update"]
-            row += f" {'not available' if per_update is None else f'{per_update:.0f}'} ({nodes or 'no graph'}) |"
+            if not nodes:
+                row += " no graph captured (--mode eager or compile) |"
+            else:
+                row += f" {'not available' if per_update is None else f'{per_update:.0f}'} ({nodes}) |"
         lines.append(row)
     lines += ["", f"The {top} most frequent ATen ops in the updates, per update:", ""]
     for script, m in results.items():
