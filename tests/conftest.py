@@ -270,3 +270,43 @@ def ends(pid, within=10.0):
             return True
         time.sleep(0.1)
     return False
+
+
+# The two tiers (README, Tests). The first, `python -m pytest tests -m "not slow"`, keeps every script's unit tests, a
+# short run of each through its real command line, its bad input and its resume, and each lifecycle case for one
+# script, td3_continuous; the second, `-m slow`, is everything below, which `python -m pytest tests` runs too. Chosen
+# from each test's duration on the 2-core machine (the README's Tests section gives both tiers' times).
+SECOND_TIER = [
+    "tests/test_learning.py",  # the learning tests: 2 to 6 minutes each
+    "tests/test_golden.py",  # the golden runs
+    "tests/test_gpu.py",  # (skipped without a GPU)
+    "tests/test_fast_path.py::test_compile_matches_eager_and_compiles_once",  # inductor's compilation: 20 s to 2 min
+    "tests/test_erl.py::test_compile_keeps_compiling_every_learners_steps",
+    "tests/test_common.py::test_capture_video_writes_frames",  # video
+    "tests/test_common.py::test_progress_on_a_terminal",  # a pseudo-terminal, 30-60 s a script
+    "tests/test_common.py::test_track_wandb_offline",  # W&B starts a service of its own
+    "tests/test_common.py::test_no_mujoco_deprecation_noise",
+    "tests/test_sac.py::test_atari",  # Atari
+    "tests/test_sac.py::test_evaluation_of_a_policy_that_never_fires_ends_in_breakout",
+    "tests/test_benchmark.py::test_sweep_on_slurm",  # Slurm
+    "tests/test_benchmark.py::test_two_runs_per_slurm_task",
+    "tests/test_benchmark.py::test_preempting_a_slurm_task_checkpoints_every_run_in_it",
+    "tests/test_erl.py::test_shared_critic",  # whole ERL runs of several generations
+    "tests/test_erl.py::test_learners_are_injected_only_once_they_have_trained",
+    "tests/test_erl.py::test_erls_learner_settings_run_and_log_the_learners_saturation",
+    "tests/test_td7.py::test_sigterm_inside_a_burst",
+]
+# Per-script cases whose mechanism is the same text in every script: the first tier runs td3_continuous's alone.
+ONE_SCRIPT_IN_THE_FIRST_TIER = [
+    "tests/test_lifecycle.py",
+    "tests/test_bad_input.py::test_an_update_that_cannot_allocate",
+]
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        script = getattr(item, "callspec", None) and item.callspec.params.get("script")
+        if item.nodeid.startswith(tuple(SECOND_TIER)) or (
+            item.nodeid.startswith(tuple(ONE_SCRIPT_IN_THE_FIRST_TIER)) and script not in (None, "td3_continuous")
+        ):
+            item.add_marker(pytest.mark.slow)
