@@ -131,13 +131,19 @@ def assert_same(a, b, path="checkpoint"):
 
 
 def run_main(script, flags, cwd, monkeypatch):
-    """Parse `flags` with the script's own tyro parser and call its main() in-process, inside `cwd`."""
+    """Parse `flags` with the script's own tyro parser and call its main() in-process, inside `cwd`; with --resume,
+    the checkpoint's arguments are the defaults, as on the command line (a CPU run records --cudagraphs as false)."""
     Path(cwd).mkdir(parents=True, exist_ok=True)
     monkeypatch.chdir(cwd)
     module = importlib.import_module(script)
+    args = tyro.cli(module.Args, args=list(flags))
+    if args.resume:  # the scripts' `__main__`, word for word
+        saved = module.read_checkpoint(args.resume)["args"]
+        default = module.Args(**{k: saved[k] for k in module.Args.__dataclass_fields__ if k in saved})
+        args = tyro.cli(module.Args, args=list(flags), default=default)
     threads = torch.get_num_threads()  # --torch-threads is process-wide: keep it from leaking into other tests
     try:
-        return module.main(tyro.cli(module.Args, args=list(flags)))
+        return module.main(args)
     finally:
         torch.set_num_threads(threads)
 
