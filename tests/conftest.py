@@ -301,6 +301,8 @@ SECOND_TIER = [
     "tests/test_erl.py::test_learners_are_injected_only_once_they_have_trained",
     "tests/test_erl.py::test_erls_learner_settings_run_and_log_the_learners_saturation",
     "tests/test_td7.py::test_sigterm_inside_a_burst",
+    "tests/test_td7.py::test_offline_mode_trains_on_a_saved_buffer",
+    "tests/test_erl.py::test_signal_during_a_generations_updates",
 ]
 # Per-script cases whose mechanism is the same text in every script: the first tier runs td3_continuous's alone.
 ONE_SCRIPT_IN_THE_FIRST_TIER = [
