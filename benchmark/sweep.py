@@ -2,7 +2,7 @@
 
     python benchmark/sweep.py td3_continuous.py --envs Hopper-v4 Walker2d-v4 --seeds 1 2 3 --workers 2 \
         -- --total-timesteps 300000
-    python benchmark/sweep.py td3_continuous.py --envs mujoco --seeds 1 2 3 4 --runs-per-gpu 8 -- --cudagraphs
+    python benchmark/sweep.py td3_continuous.py --envs mujoco --seeds 1 2 3 4 --runs-per-gpu 8
     python benchmark/sweep.py td3_continuous.py --slurm --time 24:00:00 --cpus-per-task 2 --gpus 1 \
         -- --total-timesteps 1000000
     python benchmark/sweep.py td3_continuous.py --slurm --runs-per-gpu 8 --time 24:00:00   # 8 runs per task's GPU
