@@ -773,7 +773,7 @@ def choose_device(args, buffer_bytes, frames=False):
     if args.cuda and not torch.cuda.is_available():
         print("warning: no GPU is available; running on the CPU", file=sys.stderr)
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
-    args.cudagraphs = args.cudagraphs and device.type == "cuda" and not frames  # as it runs (in args.json too)
+    args.cudagraphs = args.cudagraphs and device.type == "cuda" and not frames  # as it runs (args.json, the checkpoint)
     if device.type == "cuda" and args.torch_deterministic:  # the CPU's ops are deterministic already
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition, before its first use
         torch.use_deterministic_algorithms(True, warn_only=True)  # a warning names any op that has no such version

@@ -521,7 +521,7 @@ def main(args):
 
     sizes = (obs_dim, act_dim, args.zs_dim, args.hidden_dim)  # of the networks
     device = choose_device(args, (capacity + args.batch_size) * (2 * obs_dim + act_dim + 3) * 4)  # rows, priorities
-    encoder, actor, qf = (Network(*sizes).to(device) for Network in (Encoder, Actor, Critic))  # in this order
+    encoder, actor, qf = (Network(*sizes).to(device) for Network in (Encoder, Actor, Critic))  # (seeded in this order)
     fixed_encoder, fixed_encoder_target, checkpoint_encoder = (frozen_copy(encoder) for _ in range(3))
     actor_target, checkpoint_actor, qf_target = frozen_copy(actor), frozen_copy(actor), frozen_copy(qf)
     # Value clipping: targets are clipped to the (min, max) of all targets seen up to the last target update.

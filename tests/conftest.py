@@ -137,7 +137,7 @@ def run_main(script, flags, cwd, monkeypatch):
     monkeypatch.chdir(cwd)
     module = importlib.import_module(script)
     args = tyro.cli(module.Args, args=list(flags))
-    if args.resume:  # the scripts' `__main__`, word for word
+    if args.resume:  # as the scripts' `__main__` does
         saved = module.read_checkpoint(args.resume)["args"]
         default = module.Args(**{k: saved[k] for k in module.Args.__dataclass_fields__ if k in saved})
         args = tyro.cli(module.Args, args=list(flags), default=default)

@@ -193,7 +193,7 @@ def test_preempting_a_slurm_task_checkpoints_every_run_in_it(tmp_path):
     needs_slurm()
     name = f"preempt{os.getpid()}"
     flags = flags_with(FLAGS, total_timesteps=10**6, checkpoint_freq=0, eval_freq=0, exp_name=name)
-    options = ["--slurm", "--time", "10", "--mem", "1G", "--runs-per-gpu", "2", "--gpus", "0"]
+    options = [*SLURM[:-1], "--runs-per-gpu", "2", "--gpus", "0"]  # SLURM without --wait: the test stops the task
     result = sweep(tmp_path, ["tests.toy_envs:Counter-v0"], *options, flags=flags)
     job = result.stdout.split("submitted job array ")[1].split()[0]
     logs = [tmp_path / f"sweeps/{name}/logs/{name}__tests.toy_envs:Counter-v0__{seed}.log" for seed in (1, 2)]
