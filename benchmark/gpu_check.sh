@@ -8,10 +8,14 @@
 #     bash benchmark/gpu_check.sh speed      # the speed table: 5 scripts x eager, cudagraphs, compile+cudagraphs
 #     bash benchmark/gpu_check.sh compile    # tests/test_gpu.py's --compile tests (cold compiles take minutes)
 #     bash benchmark/gpu_check.sh determinism  # the price of --torch-deterministic: eager and cudagraphs with it (last)
+#     bash benchmark/gpu_check.sh anchors    # benchmark/anchors.py: ours beside CleanRL's, LeanRL's and the TD7
+#                                            # authors' code on the GPU, start-up and steady steps/s (not in all)
 #
 # Without a CUDA GPU it stops with one line and exit status 1. For a GPU machine without internet access, first run
 #     bash benchmark/gpu_check.sh wheels     # with access: the packages as wheels (Python 3.12, x86_64) in .whl/
-# and copy .whl/ beside the checkout: every phase installs from it when it is there. `rehearse` runs the same steps
+# and copy .whl/ beside the checkout: every phase installs from it when it is there; and for the anchors phase
+#     bash benchmark/gpu_check.sh get-anchors  # with access: the anchors' code (their scripts only) in .anchors/
+# `rehearse` runs the same steps
 # without CUDA (see below), to check the wheels and the scripts before a GPU is at hand.
 #
 # Everything goes under $OUT when it is set, else under benchmark/results/gpu_check_DATE/: log.txt (every step's
@@ -83,6 +87,19 @@ table() {  # table DEVICE MODE...
 }
 
 case $phase in
+get-anchors)  # each anchor's files that anchors.py runs, its commit in COMMIT; no git history (.anchors/ travels)
+  grep -qx '/.anchors/' .git/info/exclude 2>/dev/null || echo '/.anchors/' >>.git/info/exclude
+  rm -rf .anchors && mkdir -p .anchors
+  for repo_paths in "vwxyzjn/cleanrl cleanrl cleanrl_utils" "sfujim/TD7" "meta-pytorch/LeanRL leanrl"; do
+    set -- $repo_paths
+    dir=.anchors/${1#*/}
+    git clone -q --depth 1 --filter=blob:none --sparse "${ANCHORS_FROM:-https://github.com}/$1" "$dir" || exit 1
+    [ $# -eq 1 ] || git -C "$dir" sparse-checkout set "${@:2}" || exit 1
+    git -C "$dir" rev-parse HEAD >"$dir/COMMIT" && rm -rf "$dir/.git"
+  done
+  du -sh .anchors
+  exit 0
+  ;;
 wheels)
   grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >>.git/info/exclude
   download .whl 3.12 && ls -la .whl && du -sh .whl
@@ -102,7 +119,7 @@ rehearse)
   step tests gpu_tests pytest tests/test_fast_path.py tests/test_gpu.py
   step table table cpu eager compile
   ;;
-tests | compile | speed | determinism | all)
+tests | compile | speed | determinism | anchors | all)
   "$PYTHON" -c 'import sys, torch; sys.exit(None if torch.cuda.is_available() else "error: no CUDA GPU")' || exit 1
   if [ -d .whl ]; then
     step install install .whl || exit 1
@@ -117,9 +134,13 @@ tests | compile | speed | determinism | all)
   if [ "$phase" = determinism ] || [ "$phase" = all ]; then
     step determinism table cuda eager+deterministic cudagraphs+deterministic
   fi
+  if [ "$phase" = anchors ]; then
+    step anchors "$PYTHON" benchmark/anchors.py --anchors .anchors --devices cuda --updates 1000 --repeats 1 \
+      --out "$OUT/anchors.md"
+  fi
   ;;
 *)
-  echo "usage: bash benchmark/gpu_check.sh wheels|tests|compile|speed|determinism|all|rehearse" >&2
+  echo "usage: bash benchmark/gpu_check.sh wheels|get-anchors|tests|compile|speed|determinism|anchors|all|rehearse" >&2
   exit 2
   ;;
 esac

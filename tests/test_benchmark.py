@@ -427,6 +427,38 @@ def test_together_figures():
     assert together(copies[:1])[1] is None
 
 
+# A program stepping gymnasium envs: 2 ms a step (a vector step: 2 envs), writing its count of finished steps.
+STEPPER = """
+import sys, time, gymnasium as gym
+vector = sys.argv[1] == "vector"
+env = gym.make_vec("CartPole-v1", 2, "sync") if vector else gym.make("CartPole-v1")
+env.reset(seed=0)
+for done in range(1, 5000):
+    _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+    if not vector and (terminated or truncated):
+        env.reset()
+    time.sleep(0.002)
+    open("count", "w").write(str(done))
+"""
+
+
+@pytest.mark.parametrize("kind", ["env", "vector"])
+def test_anchor_timing_counts_each_env_step_once_and_ends_the_program(kind, tmp_path):
+    """benchmark/anchors.py's hook: the program ends in its 1200th env step (1000 random steps, 200 updates), the
+    600th of a 2-env vector env's (its envs' own steps, reset steps of its next-step autoreset among them, not counted
+    again); its figures are what 2 ms a step gives (a step counted twice would double them)."""
+    from benchmark.anchors import measure, timing_folder
+
+    timing_folder(tmp_path)
+    figures = measure([sys.executable, "-c", STEPPER, kind], [], {}, 200, tmp_path)
+    assert isinstance(figures, dict), figures
+    assert (tmp_path / "count").read_text() == ("599" if kind == "vector" else "1199")
+    per_step = 2 if kind == "vector" else 1
+    for key in ("steady_sps", "sps"):
+        assert 100 * per_step < figures[key] < 500 * per_step, figures
+    assert 0 < figures["startup_s"] < 60 and figures["peak_rss_mib"] > 10 and figures["peak_cuda_mib"] is None
+
+
 @needs_two_cores
 def test_speed_copies_are_placed_as_a_sweep_places_them(tmp_path, gpu_stand_ins):
     """On a GPU (the stand-in's one) the copies go as sweep.py --runs-per-gpu places them: a core each, through the

@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import REPO, SCRIPTS
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-TOOLS = ["sweep", "report", "speed", "erl_population", "profile_update"]  # benchmark/*.py, argparse
+TOOLS = ["sweep", "report", "speed", "erl_population", "profile_update", "anchors"]  # benchmark/*.py, argparse
 EXTERNAL = {"pip", "tensorboard", "pytest", "ruff", "taskset", "sbatch", "git", "bash"}  # flags not checked
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
