@@ -10,6 +10,9 @@
 #     bash benchmark/gpu_check.sh determinism  # the price of --torch-deterministic: eager and cudagraphs with it (last)
 #     bash benchmark/gpu_check.sh anchors    # benchmark/anchors.py: ours beside CleanRL's, LeanRL's and the TD7
 #                                            # authors' code on the GPU, start-up and steady steps/s (not in all)
+#     bash benchmark/gpu_check.sh loan       # for a 15-minute GPU loan: TD3, SAC, TD7 at 500 updates, what issue 48
+#                                            # asks to see first (table, anchors, determinism's price, the eager
+#                                            # profile, the graphs' breakdown), then the tests; compiling left out
 #
 # Without a CUDA GPU it stops with one line and exit status 1. For a GPU machine without internet access, first run
 #     bash benchmark/gpu_check.sh wheels     # with access: the packages as wheels (Python 3.12, x86_64) in .whl/
@@ -80,10 +83,24 @@ gpu_tests() {  # gpu_tests NAME PYTEST_ARGS...: pytest's output and exit status 
   return $rc
 }
 
-table() {  # table DEVICE MODE...
+table() {  # table DEVICE MODE...: every script at 1000 updates (SCRIPTS and UPDATES change that)
   local device=$1
   shift
-  "$PYTHON" benchmark/speed.py --devices "$device" --modes "$@" --updates 1000 --repeats 1 --out "$OUT/speed.md"
+  "$PYTHON" benchmark/speed.py ${SCRIPTS:+--scripts $SCRIPTS} --devices "$device" --modes "$@" \
+    --updates "${UPDATES:-1000}" --repeats 1 --out "$OUT/speed.md"
+}
+
+loan() {  # the loan phase's steps, the most needed first: a loan that ends midway keeps what came before
+  local three="td3_continuous.py sac_continuous.py td7_continuous.py"
+  SCRIPTS=$three UPDATES=500 step table table cuda eager cudagraphs
+  step anchors "$PYTHON" benchmark/anchors.py --anchors .anchors --devices cuda --updates 500 --repeats 1 \
+    --out "$OUT/anchors.md"
+  SCRIPTS=$three UPDATES=500 step determinism table cuda eager+deterministic cudagraphs+deterministic
+  step profile "$PYTHON" benchmark/profile_update.py --device cuda --scripts td3_continuous.py td7_continuous.py \
+    --updates 300 --top 15 --out "$OUT/profile.md"
+  step breakdown "$PYTHON" benchmark/profile_update.py --ops --breakdown --device cuda --mode cudagraphs \
+    --scripts $three --updates 500 --out "$OUT/breakdown.md"
+  step tests gpu_tests pytest tests/test_gpu.py -k "not compile"
 }
 
 case $phase in
@@ -119,7 +136,7 @@ rehearse)
   step tests gpu_tests pytest tests/test_fast_path.py tests/test_gpu.py
   step table table cpu eager compile
   ;;
-tests | compile | speed | determinism | anchors | all)
+tests | compile | speed | determinism | anchors | loan | all)
   "$PYTHON" -c 'import sys, torch; sys.exit(None if torch.cuda.is_available() else "error: no CUDA GPU")' || exit 1
   if [ -d .whl ]; then
     step install install .whl || exit 1
@@ -134,13 +151,14 @@ tests | compile | speed | determinism | anchors | all)
   if [ "$phase" = determinism ] || [ "$phase" = all ]; then
     step determinism table cuda eager+deterministic cudagraphs+deterministic
   fi
+  if [ "$phase" = loan ]; then loan; fi
   if [ "$phase" = anchors ]; then
     step anchors "$PYTHON" benchmark/anchors.py --anchors .anchors --devices cuda --updates 1000 --repeats 1 \
       --out "$OUT/anchors.md"
   fi
   ;;
 *)
-  echo "usage: bash benchmark/gpu_check.sh wheels|get-anchors|tests|compile|speed|determinism|anchors|all|rehearse" >&2
+  echo "usage: bash benchmark/gpu_check.sh wheels|get-anchors|tests|compile|speed|determinism|anchors|loan|all|rehearse" >&2
   exit 2
   ;;
 esac

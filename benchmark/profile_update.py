@@ -12,6 +12,11 @@ CPU:
   env, numpy). The profiler adds its own overhead to every op, so the ops' times are upper bounds and the rest a
   lower bound.
 
+With --device cuda (eager: the question is why an eager GPU step is slow) the same, on the GPU: the FLOPs, steps/s
+and the GPU's own FP32 peak (a 4096x4096 product); the profile adds the GPU's side (torch.profiler's CUDA activity):
+the kernels' time per env step, so the share of the step in which the GPU computes at all (a step whose kernels take
+a small share of it waits on the host: launches, Python, syncs), and the top kernels by GPU time.
+
 --ops and --breakdown (all five scripts unless --scripts; --device cpu or cuda, --mode eager, compile, cudagraphs
 or compile+cudagraphs) run the script's real main in-process under a Probe, which wraps the script's functions from
 outside so that each call of them is a phase of the step: the env's step (gym's SyncVectorEnv.step, ERL's envs'
@@ -35,6 +40,7 @@ and one of 10, so that set-up and the random phase drop out, per env step of the
     python benchmark/profile_update.py --ops --updates 1000
     python benchmark/profile_update.py --breakdown --scripts td3_continuous.py td7_continuous.py --updates 1000
     python benchmark/profile_update.py --ops --breakdown --device cuda --mode cudagraphs --updates 1000
+    python benchmark/profile_update.py --device cuda --scripts td3_continuous.py td7_continuous.py --updates 500
 
 Each measurement runs in a process of its own; the markdown goes to stdout and is appended to --out when given.
 """
@@ -318,31 +324,35 @@ def difference(short, long):
     }
 
 
-def peak_gflops(size=2048, repeats=10):
-    """The FP32 GFLOP/s of a large matrix product with torch's current threads: the core's practical peak."""
+def peak_gflops(size=2048, repeats=10, device="cpu"):
+    """The FP32 GFLOP/s of a large matrix product with torch's current threads (on a GPU: 4096, on the GPU): the
+    device's practical peak."""
     import torch
 
-    a, b = torch.randn(size, size), torch.randn(size, size)
+    size = 4096 if device == "cuda" else size
+    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
     a @ b
+    torch.cuda.synchronize() if device == "cuda" else None
     start = time.perf_counter()
     for _ in range(repeats):
         a @ b
+    torch.cuda.synchronize() if device == "cuda" else None
     return 2 * size**3 * repeats / (time.perf_counter() - start) / 1e9
 
 
-def run_script(script, updates, threads, wrap):
-    """Run the workload of `script` in this process, inside the context manager `wrap`; returns seconds taken."""
+def run_script(script, updates, threads, wrap, device="cpu"):
+    """Run the workload of `script` in this process (eager), inside the context manager `wrap`; returns seconds."""
     import tyro
 
     module = load_script(script)
-    args = tyro.cli(module.Args, args=workload_flags(script, "cpu", updates, threads))
+    args = tyro.cli(module.Args, args=workload_flags(script, device, updates, threads))
     start = time.perf_counter()
     with wrap:
         module.main(args)
     return time.perf_counter() - start
 
 
-def child(script, updates, threads, flop_updates, base_updates=10):
+def child(script, updates, threads, flop_updates, device="cpu", base_updates=10):
     """One script's measurements, as one JSON line. Each is the difference between a run of `updates` and one of
     `base_updates`, so that setup, the random phase and the final evaluation drop out."""
     import contextlib
@@ -351,14 +361,19 @@ def child(script, updates, threads, flop_updates, base_updates=10):
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
-    run_script(script, flop_updates, threads, counter)
+    run_script(script, flop_updates, threads, counter, device)
+    activities = [torch.profiler.ProfilerActivity.CPU] + [torch.profiler.ProfilerActivity.CUDA] * (device == "cuda")
     measured = {}
     for n in (base_updates, updates):
-        profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-        plain = run_script(script, n, threads, contextlib.nullcontext())
-        profiled = run_script(script, n, threads, profiler)
-        measured[n] = plain, profiled, {e.key: e.self_cpu_time_total / 1e6 for e in profiler.key_averages()}
-    (plain0, profiled0, ops0), (plain1, profiled1, ops1) = measured[base_updates], measured[updates]
+        profiler = torch.profiler.profile(activities=activities)
+        plain = run_script(script, n, threads, contextlib.nullcontext(), device)
+        profiled = run_script(script, n, threads, profiler, device)
+        events = profiler.key_averages()
+        ops = {e.key: e.self_cpu_time_total / 1e6 for e in events if e.self_cpu_time_total}
+        gpu = torch.autograd.DeviceType.CUDA  # the kernels' own events (an op's device time is its kernels' again)
+        kernels = {e.key: e.self_device_time_total / 1e6 for e in events if e.device_type == gpu}
+        measured[n] = plain, profiled, ops, kernels
+    (plain0, profiled0, ops0, kernels0), (plain1, profiled1, ops1, kernels1) = measured[base_updates], measured[updates]
     steps = updates - base_updates
     print(
         json.dumps(
@@ -367,7 +382,9 @@ def child(script, updates, threads, flop_updates, base_updates=10):
                 "seconds_per_step": (plain1 - plain0) / steps,
                 "profiled_seconds_per_step": (profiled1 - profiled0) / steps,
                 "ops": {name: (seconds - ops0.get(name, 0.0)) / steps for name, seconds in ops1.items()},
-                "peak_gflops": peak_gflops(),
+                "kernels": {name: (seconds - kernels0.get(name, 0.0)) / steps for name, seconds in kernels1.items()},
+                "peak_gflops": peak_gflops(device=device),
+                "device": device,
             }
         )
     )
@@ -383,12 +400,15 @@ def report(script, m, top):
         group = next((g for g, prefixes in GROUPS.items() if name.startswith(prefixes)), "other ops")
         groups[group] += seconds
     total = m["seconds_per_step"]  # the shares are of the step without the profiler, whose overhead is outside ops
+    peak = "the GPU's" if m.get("device") == "cuda" else "the core's"
+    kernels = sorted(m.get("kernels", {}).items(), key=lambda item: -item[1])
+    gpu_busy = sum(seconds for _, seconds in kernels)
     lines = [
         f"### {script}",
         "",
         f"- FLOPs per env step once learning has started: {m['flops_per_step'] / 1e6:.0f} MFLOP",
         f"- Without the profiler: {1e3 * m['seconds_per_step']:.2f} ms per step ({1 / m['seconds_per_step']:.0f} "
-        f"steps/s), {achieved:.1f} GFLOP/s, against the core's {m['peak_gflops']:.0f} GFLOP/s on a 2048x2048 "
+        f"steps/s), {achieved:.1f} GFLOP/s, against {peak} {m['peak_gflops']:.0f} GFLOP/s on a large "
         f"matrix product: {achieved / m['peak_gflops']:.0%} of the limit",
         f"- Profiled: {1e3 * m['profiled_seconds_per_step']:.2f} ms per step, of which in torch's ops "
         f"{1e3 * in_ops:.2f} ms; the shares below are of the step without the profiler",
@@ -406,6 +426,17 @@ def report(script, m, top):
         *[f"| `{name}` | {1e3 * s:.3f} | {s / total:.1%} |" for name, s in ops[:top]],
         "",
     ]
+    if m.get("device") == "cuda":
+        lines += [
+            f"On the GPU: its kernels take {1e3 * gpu_busy:.2f} ms per step (profiled), {gpu_busy / total:.0%} of "
+            f"the step without the profiler; the rest of the step the GPU waits on the host. Top {top} kernels by GPU "
+            "time:",
+            "",
+            "| kernel | ms per step | share of the step |",
+            "|---|---|---|",
+            *[f"| `{name[:90]}` | {1e3 * s:.3f} | {s / total:.1%} |" for name, s in kernels[:top]],
+            "",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -499,9 +530,9 @@ def phases(args):
 
 def profile(args):
     """The FLOPs and the per-op profile of each script, each in a process of its own; returns the markdown."""
-    text = f"\n## Profile: {args.updates} updates, --torch-threads {args.threads}\n\n"
+    text = f"\n## Profile: {args.updates} updates, --torch-threads {args.threads}, {args.device} (eager)\n\n"
     for script in args.scripts or ["td3_continuous.py", "sac_continuous.py", "td7_continuous.py"]:
-        command = [sys.executable, __file__, "--child", script, "--updates", str(args.updates)]
+        command = [sys.executable, __file__, "--child", script, "--updates", str(args.updates), "--device", args.device]
         command += ["--threads", str(args.threads), "--flop-updates", str(args.flop_updates)]
         out = subprocess.run(command, capture_output=True, text=True, cwd=tempfile.mkdtemp())
         if out.returncode:
@@ -521,7 +552,7 @@ def main():
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--ops", action="store_true", help="ATen ops per env step, in the updates and outside them")
     parser.add_argument("--breakdown", action="store_true", help="the time of one env step by phase")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="for --ops and --breakdown")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--mode", choices=list(MODE_FLAGS), default="eager", help="for --ops and --breakdown")
     parser.add_argument("--out", help="a markdown file to append to")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -530,7 +561,7 @@ def main():
         return child_phases(args.child, args.updates, args.threads, args.device, args.mode, args.ops)
     if args.child:
         torch.set_num_threads(args.threads)  # for the peak, as --torch-threads sets it for the runs
-        return child(args.child, args.updates, args.threads, args.flop_updates)
+        return child(args.child, args.updates, args.threads, args.flop_updates, args.device)
     text = phases(args) if args.ops or args.breakdown else profile(args)
     if args.out:
         with open(args.out, "a") as f:
