@@ -4,12 +4,15 @@ Each program runs the speed workload (Hopper-v4, batch 256, 1000 random steps, t
 updates) at its own defaults otherwise. A `sitecustomize` put on its PYTHONPATH wraps gymnasium's
 `SyncVectorEnv.step` and `TimeLimit.step` (which every MuJoCo env made by `gym.make` goes through) and notes when the
 program's env steps reach 1, 1000, 1000 + updates/2 and 1000 + updates, counting a vector step as num_envs steps (a
-reset step of gymnasium 1.x's default next-step autoreset too, as CleanRL's loop counts it); at the last it writes
-what it noted and ends the process (what a program does after its run, an evaluation or saving, is not timed). So for
-every program alike:
+reset step of gymnasium 1.x's default next-step autoreset too, as CleanRL's loop counts it), and the first step after
+each episode's end; at the last mark it writes what it noted and ends the process (what a program does after its run,
+an evaluation or saving, is not timed). So for every program alike:
 - start-up: the seconds from the command to its first env step (imports, env, networks, buffer, device);
 - steps/s steady: the env steps over the seconds of the second half of the updates (compilation and CUDA graph
   capture left out, as benchmark/speed.py's steady figure), and steps/s from the 1000th step (all of the updates);
+  each counted from an episode's end to a later one's where the window holds two, since TD7 (ours and its authors')
+  holds its updates back to an episode's end and then runs them at once: a window cut between marks would take in a
+  burst more or less than the steps it counts;
 - peak memory: the process's peak resident set; on a GPU torch's peak allocation.
 Where a program steps several envs (an evaluation env beside the training env), the one that reaches the last
 mark is timed; start-up is its first step of any env.
@@ -52,6 +55,7 @@ HOOK = """
 import builtins, json, os, resource, sys, time
 _marks, _out = json.loads(os.environ["ANCHOR_TIMING"])
 _first, _counts, _times, _inside, _import, _wrapped = [], {}, {}, [], builtins.__import__, {}
+_ends, _ended = {}, set()  # (steps, time) at the first step after an episode's end; the envs whose last step ended one
 
 
 def _count(self, steps):
@@ -59,6 +63,9 @@ def _count(self, steps):
     _first or _first.append(now)
     before = _counts.get(id(self), 0)
     n = _counts[id(self)] = before + steps
+    if id(self) in _ended:
+        _ended.discard(id(self))
+        _ends.setdefault(id(self), []).append((before, now))
     for mark in _marks:
         if before < mark <= n:
             _times.setdefault(id(self), {})[mark] = now
@@ -66,22 +73,31 @@ def _count(self, steps):
         torch = sys.modules.get("torch")
         cuda = torch is not None and torch.cuda.is_initialized()
         with open(_out, "w") as f:
-            json.dump({"first": _first[0], "marks": _times[id(self)], "pid": os.getpid(),
+            json.dump({"first": _first[0], "marks": _times[id(self)], "ends": _ends.get(id(self), []),
+                       "pid": os.getpid(),
                        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                        "peak_cuda_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else None}, f)
         os._exit(0)
 
 
+def _note_end(self, result):  # (terminated, truncated: an env's flags or a vector env's arrays)
+    if sys.modules["numpy"].any(result[2]) or sys.modules["numpy"].any(result[3]):
+        _ended.add(id(self))
+    return result
+
+
 def _env_step(self, *args, **kwargs):  # an env's step, counted unless a vector env's step counts it
-    _inside or _count(self, 1)
-    return _wrapped["env"](self, *args, **kwargs)
+    if _inside:
+        return _wrapped["env"](self, *args, **kwargs)
+    _count(self, 1)
+    return _note_end(self, _wrapped["env"](self, *args, **kwargs))
 
 
 def _vector_step(self, *args, **kwargs):  # num_envs steps (a reset step of the next-step autoreset counts too)
     _inside or _count(self, self.num_envs)
     _inside.append(1)
     try:
-        return _wrapped["vector"](self, *args, **kwargs)
+        return _note_end(self, _wrapped["vector"](self, *args, **kwargs))
     finally:
         _inside.pop()
 
@@ -210,11 +226,17 @@ def measure(command, paths, env, updates, workdir):
         return (result.stdout + result.stderr)[-3000:] or f"exit status {result.returncode}, no output"
     seen = json.loads(out.read_text())
     times = {int(step): t for step, t in seen["marks"].items()}
-    first, middle, end = (times[m] for m in marks[1:])
+
+    def rate(mark):  # env steps/s from `mark` to the last mark: between the episodes' ends within, where two are
+        ends = [(steps, t) for steps, t in seen["ends"] if steps >= mark]
+        if len(ends) >= 2:
+            return (ends[-1][0] - ends[0][0]) / (ends[-1][1] - ends[0][1])
+        return (marks[-1] - mark) / (times[marks[-1]] - times[mark])
+
     return {
         "startup_s": seen["first"] - start,
-        "steady_sps": (updates - updates // 2) / (end - middle),
-        "sps": updates / (end - first),
+        "steady_sps": rate(marks[2]),
+        "sps": rate(marks[1]),
         "peak_rss_mib": seen["peak_rss_mib"],
         "peak_cuda_mib": seen["peak_cuda_mib"],
     }
@@ -245,6 +267,7 @@ def main(argv=None):
     parser.add_argument("--only", nargs="+", help="the pairs whose anchor's name holds one of these words")
     parser.add_argument("--out", default=str(REPO / "benchmark" / "results" / "anchors.md"))
     args = parser.parse_args(argv)
+    args.anchors = args.anchors.expanduser().resolve()  # the programs run in a folder of their own
     import torch
 
     if "cuda" in args.devices and not torch.cuda.is_available():
@@ -260,7 +283,7 @@ def main(argv=None):
         args.out,
         f"\n## {datetime.date.today()}: {os.cpu_count()} cores, {machine}, torch {torch.__version__}, "
         f"{args.updates} updates, {args.repeats} runs each, alternating (benchmark/anchors.py; the anchors at "
-        f"{versions(args.anchors.expanduser())})\n\n| program | device "
+        f"{versions(args.anchors)})\n\n| program | device "
         "| mode | start-up s | steps/s steady | steps/s from step 1000 | peak RSS (MiB) | peak CUDA (MiB) | ours / "
         "anchor (steady) |\n|---|---|---|---|---|---|---|---|---|\n",
     )
@@ -270,7 +293,7 @@ def main(argv=None):
         for device, script, mode, anchor in pairs(args.devices):
             if args.only and not any(word in anchor for word in args.only):
                 continue
-            found = anchor_command(anchor, args.anchors.expanduser(), device, args.updates, adapter)
+            found = anchor_command(anchor, args.anchors, device, args.updates, adapter)
             if not found:
                 print(f"skipped: {script} ({mode}) against {anchor}: its checkout or a package it needs is missing")
                 continue

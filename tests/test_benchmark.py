@@ -459,6 +459,30 @@ def test_anchor_timing_counts_each_env_step_once_and_ends_the_program(kind, tmp_
     assert 0 < figures["startup_s"] < 60 and figures["peak_rss_mib"] > 10 and figures["peak_cuda_mib"] is None
 
 
+BURSTS = """
+import time, gymnasium as gym
+env = gym.make("Pendulum-v1", max_episode_steps=70)
+env.reset(seed=0)
+while True:
+    _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+    if terminated or truncated:
+        time.sleep(0.28)  # 70 updates of 4 ms each, held back to the episode's end as TD7 holds them
+        env.reset()
+"""
+
+
+def test_anchor_timing_of_updates_held_to_an_episodes_end(tmp_path):
+    """Updates run in a burst at each 70-step episode's end (TD7's way): the figures are 70 steps per 0.28 s, 250
+    steps/s, where the marks' window (steps 1100 to 1200) would take in two bursts for 100 steps, 179 steps/s."""
+    from benchmark.anchors import measure, timing_folder
+
+    timing_folder(tmp_path)
+    figures = measure([sys.executable, "-c", BURSTS], [], {}, 200, tmp_path)
+    assert isinstance(figures, dict), figures
+    for key in ("steady_sps", "sps"):
+        assert 220 < figures[key] <= 250, figures
+
+
 @needs_two_cores
 def test_speed_copies_are_placed_as_a_sweep_places_them(tmp_path, gpu_stand_ins):
     """On a GPU (the stand-in's one) the copies go as sweep.py --runs-per-gpu places them: a core each, through the
