@@ -32,7 +32,8 @@
 # rehearse: in a fresh virtual environment holding only what the device has (torch, numpy, tensorboard, pytest,
 # matplotlib, rich and the like, no gymnasium, mujoco or tyro), the wheels of .whl-rehearsal/ (this machine's python
 # version) installed as the device installs them; then the test collection, the CPU half of the tests
-# (tests/test_fast_path.py, tests/test_gpu.py skipping) and the table's CPU rows (eager and compile).
+# (tests/test_fast_path.py, tests/test_gpu.py skipping), the table's CPU rows (eager and compile), and where .anchors/
+# is there, the anchors on the CPU at 200 updates (that they run here, not their speed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phase=${1:-all}
@@ -46,7 +47,7 @@ failed=0
 # The packages the device lacks, at the versions this project is tested with, and what they need that it lacks too.
 WHEELS="gymnasium==1.4.0 farama-notifications==0.0.6 mujoco==4.0.0 mujoco-core==4.0.0 mujoco-studio==4.0.0
   websockets==17.4 glfw==2.11.0 pyopengl==3.1.10 tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.1
-  typing-extensions==4.16.0"
+  typing-extensions==4.16.0 tqdm==4.70.1"
 # What the device has and these need; the rehearsal's environment gets them from PyPI (torch: its CPU build).
 DEVICE_HAS="numpy tensorboard pytest matplotlib rich cloudpickle absl-py etils fsspec zipp pillow imageio"
 
@@ -135,6 +136,10 @@ rehearse)
   step collection "$PYTHON" -m pytest tests --collect-only -q -p no:cacheprovider
   step tests gpu_tests pytest tests/test_fast_path.py tests/test_gpu.py
   step table table cpu eager compile
+  if [ -d .anchors ]; then  # the anchors' route (their scripts run in this environment), not their speed
+    step anchors "$PYTHON" benchmark/anchors.py --anchors .anchors --devices cpu --updates 200 --repeats 1 \
+      --out "$OUT/anchors.md"
+  fi
   ;;
 tests | compile | speed | determinism | anchors | loan | all)
   "$PYTHON" -c 'import sys, torch; sys.exit(None if torch.cuda.is_available() else "error: no CUDA GPU")' || exit 1
