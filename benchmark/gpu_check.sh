@@ -41,7 +41,6 @@ PYTHON=${PYTHON:-python3}
 OUT=${OUT:-benchmark/results/gpu_check_$(date +%F)}
 CACHE=${CACHE:-/tmp/rl-singlefile-inductor}
 export TORCHINDUCTOR_CACHE_DIR=$CACHE TRITON_CACHE_DIR=$CACHE/triton PYTHONUNBUFFERED=1
-mkdir -p "$OUT"
 failed=0
 
 # The packages the device lacks, at the versions this project is tested with, and what they need that it lacks too.
@@ -54,6 +53,7 @@ DEVICE_HAS="numpy tensorboard pytest matplotlib rich cloudpickle absl-py etils f
 step() {  # step NAME COMMAND...: run it, its output into log.txt (and the terminal), its exit status into status.txt
   local name=$1
   shift
+  mkdir -p "$OUT"  # here, so that the phases that run no step (wheels, get-anchors) leave no empty folder
   echo "== $name: $* ($(date -u +%T))" | tee -a "$OUT/log.txt"
   local start=$SECONDS
   "$@" 2>&1 | tee -a "$OUT/log.txt"

@@ -483,6 +483,20 @@ def test_anchor_timing_of_updates_held_to_an_episodes_end(tmp_path):
         assert 220 < figures[key] <= 250, figures
 
 
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU machine runs the phases for real")
+def test_gpu_check_without_a_gpu_says_so_and_leaves_no_folder(tmp_path):
+    """gpu_check.sh's GPU phases refuse a machine without CUDA in one line, and an unknown phase gets the usage line;
+    neither leaves an empty results folder behind."""
+    out = tmp_path / "out"
+    for phase, rc, line in [("tests", 1, "error: no CUDA GPU"), ("nosuch", 2, "usage: bash benchmark/gpu_check.sh")]:
+        env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}
+        done = subprocess.run(
+            ["bash", "benchmark/gpu_check.sh", phase], cwd=REPO, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == rc and line in done.stderr, (phase, done.returncode, done.stderr)
+        assert not out.exists(), phase
+
+
 @needs_two_cores
 def test_speed_copies_are_placed_as_a_sweep_places_them(tmp_path, gpu_stand_ins):
     """On a GPU (the stand-in's one) the copies go as sweep.py --runs-per-gpu places them: a core each, through the
