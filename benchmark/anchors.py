@@ -26,7 +26,16 @@ authors' code; on a GPU also ours with CUDA graphs (the default there) against L
 TD7 authors' code. Each pair runs alternately, --repeats times; the table gives each program's median and range, and
 ours over the anchor's medians.
 
+--ops (on the CPU) counts instead, from the first env step on, every ATen op the program dispatches (a
+TorchDispatchMode; the backward's too, which the CPU runs in the caller's thread), per env step over the steady
+window: the proxy for the kernels that an eager step launches on a GPU, where each op is a launch. Counted apart:
+the ops within optimizer steps (torch's global step hooks), the views outside them (no kernel), optimizer steps, and
+`.item()` calls outside them (on a GPU each waits for the device). An optimizer left to choose its implementation
+(CleanRL's and the TD7 authors' Adam) takes the foreach one that it takes on a GPU, not the CPU's for-loop; ours ask
+for the fused one everywhere. Not counted, since the CPU makes none: the copies between host and device.
+
     python benchmark/anchors.py --anchors ~/anchors --devices cpu --updates 2000 --repeats 3
+    python benchmark/anchors.py --anchors ~/anchors --ops --updates 2000 --repeats 1
     python benchmark/anchors.py --anchors .anchors --devices cuda --updates 1000 --repeats 1 --out OUT/anchors.md
 """
 
@@ -53,22 +62,52 @@ ANCHOR_MODE = {"leanrl": "compile+cudagraphs"}  # (the others run eagerly)
 # Loaded by the timed program at its start (through PYTHONPATH); ANCHOR_TIMING names the marks and the output file.
 HOOK = """
 import builtins, json, os, resource, sys, time
-_marks, _out = json.loads(os.environ["ANCHOR_TIMING"])
+_marks, _out, _count_ops = json.loads(os.environ["ANCHOR_TIMING"])
 _first, _counts, _times, _inside, _import, _wrapped = [], {}, {}, [], builtins.__import__, {}
-_ends, _ended = {}, set()  # (steps, time) at the first step after an episode's end; the envs whose last step ended one
+_ends, _ended = {}, set()  # (steps, time, _ops) at the first step after an episode's end; the envs whose step ended one
+_ops = dict.fromkeys(["ops", "in optimizer steps", "views", "optimizer steps", "item"], 0)  # (with _count_ops)
+
+
+def _start_counting():  # the ATen ops dispatched from the first env step on (on the CPU the backward's too), by kind
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    def step_begins(*_):
+        _ops["optimizer steps"] += 1
+        _in_step.append(1)
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace != "aten":  # (the profiler's marks that an optimizer's step makes)
+                return func(*args, **(kwargs or {}))
+            _ops["ops"] += 1
+            _ops["in optimizer steps"] += bool(_in_step)
+            _ops["views"] += func.is_view and not _in_step  # (a view launches no kernel on a GPU)
+            _ops["item"] += func is torch.ops.aten._local_scalar_dense.default and not _in_step  # (a GPU's wait)
+            return func(*args, **(kwargs or {}))
+
+    for module in [module for name, module in sys.modules.items() if name.startswith("torch.optim.")]:
+        if hasattr(module, "_default_to_fused_or_foreach"):  # an optimizer left to choose takes foreach, as on a GPU
+            module._default_to_fused_or_foreach = lambda params, differentiable, use_fused=False: (False, True)
+    _in_step = []
+    register_optimizer_step_pre_hook(step_begins)
+    register_optimizer_step_post_hook(lambda *_: _in_step.pop())
+    Count().__enter__()
 
 
 def _count(self, steps):
     now = time.time()
+    _count_ops and not _first and _start_counting()
     _first or _first.append(now)
     before = _counts.get(id(self), 0)
     n = _counts[id(self)] = before + steps
     if id(self) in _ended:
         _ended.discard(id(self))
-        _ends.setdefault(id(self), []).append((before, now))
+        _ends.setdefault(id(self), []).append((before, now, dict(_ops)))
     for mark in _marks:
         if before < mark <= n:
-            _times.setdefault(id(self), {})[mark] = now
+            _times.setdefault(id(self), {})[mark] = now, dict(_ops)
     if n >= _marks[-1]:
         torch = sys.modules.get("torch")
         cuda = torch is not None and torch.cuda.is_initialized()
@@ -204,9 +243,9 @@ def timing_folder(workdir):
     return adapter
 
 
-def measure(command, paths, env, updates, workdir):
+def measure(command, paths, env, updates, workdir, count_ops=False):
     """Run `command` in `workdir` (a timing_folder) under the hook; its figures (a dict), or the end of its output
-    where it ended without them."""
+    where it ended without them. With `count_ops` also its ATen ops per env step, by kind (the counting slows it)."""
     out = Path(workdir) / "times.json"
     out.unlink(missing_ok=True)
     marks = [1, RANDOM_STEPS, RANDOM_STEPS + updates // 2, RANDOM_STEPS + updates]
@@ -215,7 +254,7 @@ def measure(command, paths, env, updates, workdir):
         os.environ
         | env
         | {
-            "ANCHOR_TIMING": json.dumps([marks, str(out)]),
+            "ANCHOR_TIMING": json.dumps([marks, str(out), count_ops]),
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": os.pathsep.join(filter(None, pythonpath)),
         }
@@ -225,21 +264,27 @@ def measure(command, paths, env, updates, workdir):
     if not out.exists():
         return (result.stdout + result.stderr)[-3000:] or f"exit status {result.returncode}, no output"
     seen = json.loads(out.read_text())
-    times = {int(step): t for step, t in seen["marks"].items()}
+    at_marks = {int(step): (step, *noted) for step, noted in seen["marks"].items()}
 
-    def rate(mark):  # env steps/s from `mark` to the last mark: between the episodes' ends within, where two are
-        ends = [(steps, t) for steps, t in seen["ends"] if steps >= mark]
-        if len(ends) >= 2:
-            return (ends[-1][0] - ends[0][0]) / (ends[-1][1] - ends[0][1])
-        return (marks[-1] - mark) / (times[marks[-1]] - times[mark])
+    def window(mark):  # (steps, time, ops) at its two ends: from `mark` to the last mark, or where two episodes' ends
+        ends = [end for end in seen["ends"] if end[0] >= mark]  # fall within, from the first of them to the last
+        return (ends[0], ends[-1]) if len(ends) >= 2 else (at_marks[mark], at_marks[marks[-1]])
 
-    return {
+    def rate(mark):  # env steps/s over its window
+        (steps0, t0, _), (steps1, t1, _) = window(mark)
+        return (steps1 - steps0) / (t1 - t0)
+
+    figures = {
         "startup_s": seen["first"] - start,
         "steady_sps": rate(marks[2]),
         "sps": rate(marks[1]),
         "peak_rss_mib": seen["peak_rss_mib"],
         "peak_cuda_mib": seen["peak_cuda_mib"],
     }
+    if count_ops:  # each kind's count per env step over the steady window
+        (steps0, _, ops0), (steps1, _, ops1) = window(marks[2])
+        figures["ops"] = {kind: (ops1[kind] - ops0[kind]) / (steps1 - steps0) for kind in ops1}
+    return figures
 
 
 def row(label, device, mode, runs, reference=None):
@@ -258,6 +303,16 @@ def row(label, device, mode, runs, reference=None):
     ), steady
 
 
+def ops_row(label, runs, reference=None):
+    """A row of --ops: each kind's median over the runs, per env step; with `reference`, ours over it in the ops less
+    the views outside the optimizers' steps (the proxy for the kernels that an eager GPU step launches)."""
+    kinds = {kind: statistics.median(run["ops"][kind] for run in runs) for kind in runs[0]["ops"]}
+    launches = kinds["ops"] - kinds["views"]
+    ratio = "" if reference is None else f"{launches / reference:.2f}"
+    figures = " | ".join(f"{kinds[kind]:.{2 if kind in ('optimizer steps', 'item') else 1}f}" for kind in kinds)
+    return f"| {label} | {figures} | {launches:.1f} | {ratio} |\n", launches
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--anchors", type=Path, required=True, help="the folder of the anchors' checkouts")
@@ -265,6 +320,7 @@ def main(argv=None):
     parser.add_argument("--updates", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each program, alternating within a pair")
     parser.add_argument("--only", nargs="+", help="the pairs whose anchor's name holds one of these words")
+    parser.add_argument("--ops", action="store_true", help="count each program's ATen ops per env step instead")
     parser.add_argument("--out", default=str(REPO / "benchmark" / "results" / "anchors.md"))
     args = parser.parse_args(argv)
     args.anchors = args.anchors.expanduser().resolve()  # the programs run in a folder of their own
@@ -272,6 +328,8 @@ def main(argv=None):
 
     if "cuda" in args.devices and not torch.cuda.is_available():
         sys.exit("error: --devices cuda, but torch sees no CUDA GPU")
+    if args.ops and args.devices != ["cpu"]:
+        sys.exit("error: --ops counts on the CPU only (--devices cpu), where the backward's ops run in the caller")
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     cpu = next(
         (line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
@@ -279,14 +337,21 @@ def main(argv=None):
     )
     machine = f"{torch.cuda.get_device_name()}, {cpu}" if "cuda" in args.devices else cpu
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    write(
-        args.out,
+    heading = (
         f"\n## {datetime.date.today()}: {os.cpu_count()} cores, {machine}, torch {torch.__version__}, "
-        f"{args.updates} updates, {args.repeats} runs each, alternating (benchmark/anchors.py; the anchors at "
-        f"{versions(args.anchors)})\n\n| program | device "
-        "| mode | start-up s | steps/s steady | steps/s from step 1000 | peak RSS (MiB) | peak CUDA (MiB) | ours / "
-        "anchor (steady) |\n|---|---|---|---|---|---|---|---|---|\n",
+        f"{args.updates} updates, {args.repeats} run{'s each, alternating' if args.repeats > 1 else ' each'} "
+        f"(benchmark/anchors.py{' --ops' * args.ops}; "
+        f"the anchors at {versions(args.anchors)})\n\n"
     )
+    if args.ops:
+        columns = "ATen ops | in optimizer steps | views (outside them) | optimizer steps | `.item()` (outside them) "
+        columns += "| launches (ops less views) | ours / anchor (launches)"
+        heading += f"Per env step over the steady window, eager on the CPU.\n\n| program | {columns} |\n"
+        heading += "|---" * 8 + "|\n"
+    else:
+        heading += "| program | device | mode | start-up s | steps/s steady | steps/s from step 1000 | peak RSS (MiB) "
+        heading += "| peak CUDA (MiB) | ours / anchor (steady) |\n" + "|---" * 9 + "|\n"
+    write(args.out, heading)
     failed = []
     with tempfile.TemporaryDirectory() as workdir:
         adapter = timing_folder(workdir)
@@ -303,13 +368,16 @@ def main(argv=None):
             runs = {"ours": [], "anchor": []}
             for _ in range(args.repeats):
                 for who, (command, paths, env) in programs.items():
-                    result = measure(command, paths, env, args.updates, workdir)
+                    result = measure(command, paths, env, args.updates, workdir, args.ops)
                     if isinstance(result, str):
                         failed.append(f"{who} of {script} ({mode}) / {anchor} on {device} failed:\n{result}")
                         print(failed[-1], file=sys.stderr, flush=True)
                     else:
                         runs[who].append(result)
-            if runs["ours"] and runs["anchor"]:
+            if runs["ours"] and runs["anchor"] and args.ops:
+                text, reference = ops_row(anchor, runs["anchor"])
+                write(args.out, ops_row(script, runs["ours"], reference)[0] + text)
+            elif runs["ours"] and runs["anchor"]:
                 text, reference = row(anchor, device, ANCHOR_MODE.get(anchor.split()[0], "eager"), runs["anchor"])
                 write(args.out, row(script, device, mode, runs["ours"], reference)[0] + text)
     print(f"appended to {args.out}")

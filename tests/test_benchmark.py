@@ -483,6 +483,41 @@ def test_anchor_timing_of_updates_held_to_an_episodes_end(tmp_path):
         assert 220 < figures[key] <= 250, figures
 
 
+# Per env step 4 ATen ops (add, the view t, sum, and item's _local_scalar_dense), and an Adam step every 2nd step
+# over 4 parameters, left to choose its implementation; 50-step episodes.
+OPS = """
+import torch, gymnasium as gym
+params = [torch.zeros(8, requires_grad=True) for _ in range(4)]
+for param in params:
+    param.grad = torch.ones(8)
+adam, x = torch.optim.Adam(params), torch.zeros(2, 2)
+env = gym.make("Pendulum-v1", max_episode_steps=50)
+env.reset(seed=0)
+for step in range(5000):
+    if any(env.step(env.action_space.sample())[2:4]):
+        env.reset()
+    y = x + 1
+    y.t()
+    y.sum().item()
+    if step % 2 == 0:
+        adam.step()
+"""
+
+
+def test_anchor_ops_counted_by_kind(tmp_path):
+    """--ops, between episodes' ends: the program's 4 ops a step, 1 of them a view and 1 an item, and half an
+    optimizer step, whose ops are counted apart and are those of the foreach implementation that a GPU takes (17 in
+    torch 2.13, where the for-loop that the CPU takes makes 36)."""
+    from benchmark.anchors import measure, timing_folder
+
+    timing_folder(tmp_path)
+    figures = measure([sys.executable, "-c", OPS], [], {}, 200, tmp_path, count_ops=True)
+    assert isinstance(figures, dict), figures
+    ops = figures["ops"]
+    assert (ops["ops"] - ops["in optimizer steps"], ops["views"], ops["item"]) == (4, 1, 1), ops
+    assert ops["optimizer steps"] == 0.5 and 0 < ops["in optimizer steps"] / 0.5 < 20, ops
+
+
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU machine runs the phases for real")
 def test_gpu_check_without_a_gpu_says_so_and_leaves_no_folder(tmp_path):
     """gpu_check.sh's GPU phases refuse a machine without CUDA in one line, and an unknown phase gets the usage line;
