@@ -200,7 +200,7 @@ class CatLinear(nn.Linear):
     """nn.Linear on torch.cat(parts, 1), given the tuple of parts, whose backward computes the input gradient only
     for the parts that need one. Autograd's Linear computes it for the whole concatenation and drops the rest: here
     the fixed embeddings need none (zsa and zs in the critic's update, zs in the actor's), which would be a third
-    of an update's biggest matrix products. The same numbers, the same weights (benchmark/results/speed.md)."""
+    of an update's biggest matrix products. The same numbers and weights as nn.Linear."""
 
     class Function(torch.autograd.Function):
         @staticmethod
