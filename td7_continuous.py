@@ -1,18 +1,15 @@
 """TD7: TD3 + SALE embeddings + LAP replay + policy checkpoints (+ offline mode), in one file.
 
-Paper: Fujimoto, Chang, Smith, Gu, Precup, Meger, "For SALE: State-Action Representation Learning for
-Deep Reinforcement Learning", NeurIPS 2023, https://arxiv.org/abs/2306.02451. Defaults and the order of
-every update are the authors' code (sfujim/TD7). Deliberate differences from it, none of which changes
-the algorithm:
+Paper: Fujimoto, Chang, Smith, Gu, Precup, Meger, "For SALE: State-Action Representation Learning for Deep
+Reinforcement Learning", NeurIPS 2023, https://arxiv.org/abs/2306.02451. Defaults and the order of every update are the
+authors' code (sfujim/TD7). Deliberate differences from it, none of which changes the algorithm:
 - gymnasium 1.x vector envs in same-step autoreset mode: a time-limit truncation keeps its bootstrap and
   stores the true final observation (the authors' `done = 0 at the time limit`, made exact).
-- The replay buffer, its LAP priorities and the max-priority and value-clip bookkeeping live on the training
-  device, so an update never waits for it (the authors read two maxima back to the host every update).
-  Sampling is theirs: exact priority-proportional, a cumulative sum and a binary search.
-- Networks that are never trained directly (targets, fixed encoders, checkpoints) hold no gradients, and the
-  actor update computes none for the critic or the fixed encoder (the authors compute and discard them).
-  Adam is the fused implementation (the same update rule). The names are CleanRL's, as in td3_continuous.py:
-  the critic is `qf`, its optimizer `q_optimizer`, a training step an update (`num_updates`).
+- The replay buffer, its LAP priorities and the max-priority and value-clip bookkeeping live on the training device, so
+  an update never waits for it (the authors read two maxima back to the host every update). Sampling is theirs.
+- Networks never trained directly (targets, fixed encoders, checkpoints) hold no gradients; the actor update computes
+  none for the critic or the fixed encoder (the authors compute and drop them), and no update computes one for the
+  fixed embeddings (CatLinear). Adam is fused (the same update rule). The names are CleanRL's, as in td3_continuous.py.
 - With --no-checkpoints and --num-envs N, each vector step runs N training steps (one per env step).
 - A signal (SIGINT, SIGTERM, SIGHUP) is acted on between two updates, also inside a training burst: the
   checkpoint keeps the updates still due, and the resumed run makes them before its next env step.
@@ -21,14 +18,13 @@ the algorithm:
   judged on the same start states; the authors' single evaluation env keeps advancing between evaluations).
 - The critic's two heads are separate networks, as the authors' (not one batched module as in td3_continuous.py).
 - On a GPU the update steps run as CUDA graphs (--no-cudagraphs: eager, as ever); and --compile: docs/fast_path.md.
-- Added: periodic evaluation into evaluations.csv, checkpoints of the whole run with --resume, signal
-  handling, a guard against non-finite losses, one-line errors for bad input, --save-buffer.
+- Added: periodic evaluation into evaluations.csv, checkpoints of the whole run with --resume, signal handling, a guard
+  against non-finite losses, one-line errors for bad input, --save-buffer.
 
-Offline mode (--offline --dataset PATH) trains on a fixed .npz dataset with the TD3+BC term and no policy
-checkpoints, as the authors' D4RL mode; global_step then counts training steps. The file holds finite float
-arrays observations (N, obs_dim), actions (N, act_dim) in the env's units and within its bounds, rewards (N,),
-next_observations (N, obs_dim) and terminals (N,) (1 where the episode terminated; 0 otherwise, time-limit
-truncations too), N at least --batch-size; --save-buffer writes an online run's replay buffer in this format.
+Offline mode (--offline --dataset PATH), the authors' D4RL mode: a fixed .npz dataset, the TD3+BC term, no policy
+checkpoints; global_step counts training steps. The file holds finite float arrays observations (N, obs_dim), actions
+(N, act_dim) in the env's units and bounds, rewards (N,), next_observations (N, obs_dim) and terminals (N,) (1 where
+the episode terminated, else 0, time-limit truncations too), N at least --batch-size; --save-buffer writes this format.
 
 Two parts: the algorithm, from here to `main`; below the banner after it, the run machinery.
 """
@@ -197,25 +193,21 @@ class Encoder(nn.Module):
 
 
 class CatLinear(nn.Linear):
-    """nn.Linear on torch.cat(parts, 1), given the tuple of parts, whose backward computes the input gradient only
-    for the parts that need one. Autograd's Linear computes it for the whole concatenation and drops the rest: here
-    the fixed embeddings need none (zsa and zs in the critic's update, zs in the actor's): 7% of an update's
-    arithmetic on Hopper-v4 (benchmark/profile_update.py). The same numbers and weights as nn.Linear."""
+    """nn.Linear of torch.cat(parts, 1), the same numbers, whose backward skips the input gradient of parts that need
+    none (the fixed embeddings): 7% of an update's FLOPs on Hopper-v4 (benchmark/profile_update.py)."""
 
     class Function(torch.autograd.Function):
         @staticmethod
         def forward(ctx, weight, bias, *parts):
-            x = torch.cat(parts, 1)
+            ctx.widths, x = [part.shape[1] for part in parts], torch.cat(parts, 1)
             ctx.save_for_backward(weight, x)
-            ctx.widths = [part.shape[1] for part in parts]
             return F.linear(x, weight, bias)
 
         @staticmethod
         def backward(ctx, grad):
-            weight, x = ctx.saved_tensors
-            needs_weight, needs_bias, *needs_parts = ctx.needs_input_grad
-            grad_parts = [grad.mm(w) if needs else None for w, needs in zip(weight.split(ctx.widths, 1), needs_parts)]
-            return grad.t().mm(x) if needs_weight else None, grad.sum(0) if needs_bias else None, *grad_parts
+            (weight, x), (needs_weight, needs_bias, *needs) = ctx.saved_tensors, ctx.needs_input_grad
+            parts = [grad.mm(w) if need else None for w, need in zip(weight.split(ctx.widths, 1), needs)]
+            return grad.t().mm(x) if needs_weight else None, grad.sum(0) if needs_bias else None, *parts
 
     def forward(self, parts):
         return self.Function.apply(self.weight, self.bias, *parts)
@@ -235,8 +227,7 @@ class Actor(nn.Module):
 
 
 class Critic(nn.Module):
-    """Two heads Q_i(s, a, zsa, zs): q0 = AvgL1Norm(Linear([s, a])), then [q0, zsa, zs] through a 256-256 ELU MLP;
-    forward returns Q values of shape (batch, 2)."""
+    """Two heads Q_i(s, a, zsa, zs): AvgL1Norm(Linear([s, a])), zsa, zs through a 256-256 ELU MLP; Q: (batch, 2)."""
 
     def __init__(self, obs_dim, act_dim, zs_dim=256, hidden=256):
         super().__init__()
@@ -247,8 +238,7 @@ class Critic(nn.Module):
 
     def forward(self, obs, action, zsa, zs):
         sa = torch.cat([obs, action], 1)
-        q = [head((AvgL1Norm(q0(sa)), zsa, zs)) for q0, head in zip(self.q0, self.heads)]
-        return torch.cat(q, 1)
+        return torch.cat([head((AvgL1Norm(q0(sa)), zsa, zs)) for q0, head in zip(self.q0, self.heads)], 1)
 
     def fixed(self, obs, action, zsa, zs):
         """Q values with the critic's weights held fixed: gradients reach the action and zsa, not the critic."""
@@ -257,24 +247,19 @@ class Critic(nn.Module):
 
 
 class LAPReplayBuffer:
-    """LAP replay in one preallocated float32 tensor on the training device, with a priority per row. A row is
-    [obs, action, reward, terminated, next_obs], actions normalised to [-1, 1], written by slice from one
-    asynchronous upload per vector step. New rows get the current max priority; a batch is drawn with probability
-    proportional to priority (exactly: a cumulative sum and a binary search, as the authors' code), into
-    `self.batch`, which stays in one place in memory (as a CUDA graph needs); there are no importance weights. The
-    length is a device tensor too, so that sampling never reads a host number."""
+    """LAP replay in one preallocated float32 tensor on the training device, a priority per row. A row is [obs, action,
+    reward, terminated, next_obs], actions in [-1, 1], written by slice from one async upload per vector step. New rows
+    get the max priority; a batch is drawn in proportion to priority (exactly, as the authors) into `self.batch`, fixed
+    in memory (for CUDA graphs); no importance weights. The length is a device tensor: sampling reads no host number."""
 
     def __init__(self, capacity, obs_dim, act_dim, batch_size, device, whole_ring=False):
         self.capacity, self.device, self.pos, self.full, self.whole_ring = capacity, device, 0, False, whole_ring
         self.split = [obs_dim, act_dim, 1, 1, obs_dim]
-        self.data = torch.zeros(capacity, sum(self.split), device=device)
-        self.batch = torch.zeros(batch_size, sum(self.split), device=device)
-        self.priority = torch.zeros(capacity, device=device)
-        self.max_priority = torch.ones((), device=device)
+        self.data, self.batch = (torch.zeros(rows, sum(self.split), device=device) for rows in (capacity, batch_size))
+        self.priority, self.max_priority = torch.zeros(capacity, device=device), torch.ones((), device=device)
         self.idx = torch.zeros(batch_size, dtype=torch.int64, device=device)  # the last batch's rows
         self.length = torch.zeros((), dtype=torch.int64, device=device)
-        # On a GPU a float cumsum is not deterministic: with --torch-deterministic, sum integers instead.
-        self.exact = torch.device(device).type == "cuda" and torch.are_deterministic_algorithms_enabled()
+        self.exact = torch.device(device).type == "cuda" and torch.are_deterministic_algorithms_enabled()  # (sample)
 
     def __len__(self):
         return self.capacity if self.full else self.pos
@@ -283,10 +268,8 @@ class LAPReplayBuffer:
         """Store one row per env (or a whole dataset), at the current max priority."""
         rows = upload(np.concatenate([obs, action, reward[:, None], terminated[:, None], next_obs], 1), self.device)
         first = min(len(rows), self.capacity - self.pos)  # the rows before the ring wraps around
-        self.data[self.pos : self.pos + first] = rows[:first]
-        self.data[: len(rows) - first] = rows[first:]
-        self.priority[self.pos : self.pos + first] = self.max_priority
-        self.priority[: len(rows) - first] = self.max_priority
+        for target, source in ((self.data, rows), (self.priority, self.max_priority.expand(len(rows)))):
+            target[self.pos : self.pos + first], target[: len(rows) - first] = source[:first], source[first:]
         self.full = self.full or self.pos + len(rows) >= self.capacity
         self.pos = (self.pos + len(rows)) % self.capacity
         self.length.fill_(len(self))
@@ -295,15 +278,14 @@ class LAPReplayBuffer:
         """obs, action, reward, terminated, next_obs; reward and terminated of shape (batch, 1)."""
         # Over the rows written (compiled or captured: the whole ring, unwritten rows at priority 0, shapes fixed).
         priority = self.priority if self.whole_ring else self.priority[: len(self)]
-        if self.exact:  # a sum of integers (priorities in units of 2**-20) is exact: the same on every GPU run
-            # and so is an integer draw modulo their total (a float64 draw would be float32 under --compile)
+        if self.exact:  # a GPU's float cumsum is not deterministic; a sum of integers (priorities in units of 2**-20)
+            # is exact, and so is an integer draw modulo their total (a float64 draw would be float32 under --compile)
             csum = torch.cumsum((priority.double() * 2**20).round().long(), 0)
             value = torch.randint(0, 2**62, (len(self.batch),), device=self.device) % csum[-1]
-            self.idx.copy_(torch.searchsorted(csum, value, right=True).clamp(max=self.length - 1))
         else:
             csum = torch.cumsum(priority, 0)
             value = torch.rand(len(self.batch), device=self.device) * csum[-1]
-            self.idx.copy_(torch.searchsorted(csum, value).clamp(max=self.length - 1))
+        self.idx.copy_(torch.searchsorted(csum, value, right=self.exact).clamp(max=self.length - 1))
         self.batch.copy_(self.data[self.idx])
         return self.batch.split(self.split, dim=1)
 
@@ -374,8 +356,7 @@ def update_critic(batch, actor_target, qf, qf_target, q_optimizer, fixed_encoder
         fixed_target_zsa = fixed_encoder_target.zsa(fixed_target_zs, next_action)
         next_q = qf_target(next_obs, next_action, fixed_target_zsa, fixed_target_zs).min(1, keepdim=True)[0]
         target = td_target(reward, terminated, next_q.clamp(value_clip[0], value_clip[1]), args.gamma)
-        value_range.copy_(torch.stack((torch.minimum(value_range[0], target.min()),
-                                       torch.maximum(value_range[1], target.max()))))
+        value_range.copy_(torch.stack((value_range[0].minimum(target.min()), value_range[1].maximum(target.max()))))
         fixed_zs = fixed_encoder.zs(obs)
         fixed_zsa = fixed_encoder.zsa(fixed_zs, action)
     q = qf(obs, action, fixed_zsa, fixed_zs)
@@ -403,8 +384,7 @@ def update_actor(batch, fixed_zs, actor, qf, fixed_encoder, actor_optimizer, arg
 
 def update(rb, encoder, actor, qf, fixed_encoder, fixed_encoder_target, actor_target, qf_target, value_range,
            value_clip, encoder_optimizer, q_optimizer, actor_optimizer, args, with_actor):
-    """One update on a new batch: the encoder, the critic, the batch's LAP priorities, and with_actor the actor.
-    Returns its losses and the critic's mean Q values by name."""
+    """One update on a new batch: encoder, critic, LAP priorities and, with_actor, the actor; its metrics by name."""
     batch = rb.sample()
     encoder_loss = update_encoder(batch, encoder, encoder_optimizer)
     qf_loss, td, qf_values, fixed_zs = update_critic(batch, actor_target, qf, qf_target, q_optimizer, fixed_encoder,
@@ -420,11 +400,10 @@ def update(rb, encoder, actor, qf, fixed_encoder, fixed_encoder_target, actor_ta
 class CheckpointPolicy:
     """TD7's policy checkpoints as a state machine over episode ends (the authors' maybe_train_and_checkpoint).
 
-    A policy is judged on the minimum return of its episodes: 1 episode at first, max_eps_when_checkpointing
-    after steps_before_checkpointing training steps. It becomes the checkpoint if it does at least as well as
-    the checkpoint did; as soon as one episode does worse, judging stops early. Either way, the agent then
-    trains for as many updates as the judged episodes took steps.
-    """
+    A policy is judged on the minimum return of its episodes: 1 episode at first, max_eps_when_checkpointing after
+    steps_before_checkpointing training steps. It becomes the checkpoint if it does at least as well as the checkpoint
+    did; as soon as one episode does worse, judging stops early. Either way, the agent then trains for as many updates
+    as the judged episodes took steps."""
     max_eps_before_update: int = 1
     eps_since_update: int = 0
     timesteps_since_update: int = 0
@@ -549,8 +528,7 @@ def main(args):
     encoder, actor, qf = (Network(*sizes).to(device) for Network in (Encoder, Actor, Critic))  # (seeded in this order)
     fixed_encoder, fixed_encoder_target, checkpoint_encoder = (frozen_copy(encoder) for _ in range(3))
     actor_target, checkpoint_actor, qf_target = frozen_copy(actor), frozen_copy(actor), frozen_copy(qf)
-    # Value clipping: targets are clipped to the (min, max) of all targets seen up to the last target update.
-    value_range, value_clip = torch.tensor([1e8, -1e8], device=device), torch.zeros(2, device=device)
+    value_range, value_clip = torch.tensor([1e8, -1e8], device=device), torch.zeros(2, device=device)  # update_critic
     # fused: one kernel for all parameters, 2-3x faster than the default foreach Adam on CPU; same update rule
     adam = partial(torch.optim.Adam, fused=True, capturable=args.cudagraphs)
     encoder_optimizer = adam(encoder.parameters(), lr=args.encoder_lr)
@@ -600,8 +578,7 @@ def main(args):
                 next_obs, reward, terminated, truncated, infos = envs.step(to_env(action, low, high))
                 global_step += args.num_envs
                 run.metrics.check_finite(global_step, reward=reward, observation=next_obs)
-                # With policy checkpoints the agent trains in bursts at episode ends; without, one update per step.
-                updates_due = args.num_envs if allow_train and not use_checkpoints else 0
+                updates_due = args.num_envs if allow_train and not use_checkpoints else 0  # else bursts: episode ends
                 episode_return += reward
                 episode_length += 1
                 for i in np.flatnonzero(terminated | truncated):
@@ -662,9 +639,8 @@ def main(args):
 WATCH_FLAGS = {"total_timesteps", "resume", "track", "wandb_project_name", "wandb_entity", "capture_video"}
 WATCH_FLAGS |= {"save_model", "eval_freq", "eval_episodes", "checkpoint_freq", "log_freq", "torch_threads", "cuda"}
 WATCH_FLAGS |= {"save_buffer"}  # TD7's: a file written at the end
-# TD7: the flags of online training, which --offline would ignore; it refuses them instead.
-OFFLINE_IGNORES = ["buffer_size", "learning_starts", "exploration_noise", "num_envs", "checkpoints"]
-OFFLINE_IGNORES += ["max_eps_when_checkpointing", "steps_before_checkpointing", "reset_weight"]
+OFFLINE_IGNORES = ["buffer_size", "learning_starts", "exploration_noise", "num_envs", "checkpoints", "reset_weight",
+                   "max_eps_when_checkpointing", "steps_before_checkpointing"]  # TD7's: online flags, refused offline
 EPISODE_VALUES = ["obs", "episode_return", "episode_length"]  # the loop's values of the envs' running episodes
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
