@@ -17,8 +17,9 @@ from tests.conftest import SCRIPTS, flags_with, run_main
 # tests' runs and `python benchmark/profile_update.py --ops` (1000 updates against 10 at batch 256) gave
 # td3 128.5, td7 531.8-536.5 (its mix of the two kinds of update follows its bursts), sac 300, sac_discrete 268
 # and erl 139.1-140, the same per call of each callable at every length tried (4-1000 updates). Each limit is that
-# count + 5%, rounded up. When a change removes ops, lower the limit to the new count + 5%.
-LIMITS = {"td3_continuous": 135, "td7_continuous": 564, "sac_continuous": 315, "sac_discrete": 282, "erl_td3": 147}
+# count + 5%, rounded up. When a change removes ops, lower the limit to the new count + 5%: td7 at 29c62c9
+# (2026-12-06, CatLinear), 517.8 in its test's run and 520.4 in the benchmark's (417 and 624 per call).
+LIMITS = {"td3_continuous": 135, "td7_continuous": 547, "sac_continuous": 315, "sac_discrete": 282, "erl_td3": 147}
 # The updates of the short and the long run, whose difference is counted; ERL runs whole generations (of a
 # population of 2 here), so its runs differ by a generation or more.
 RUNS = {"erl_td3": (10, 200)}
