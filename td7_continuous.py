@@ -8,8 +8,8 @@ authors' code (sfujim/TD7). Deliberate differences from it, none of which change
 - The replay buffer, its LAP priorities and the max-priority and value-clip bookkeeping live on the training device, so
   an update never waits for it (the authors read two maxima back to the host every update). Sampling is theirs.
 - Networks never trained directly (targets, fixed encoders, checkpoints) hold no gradients; the actor update computes
-  none for the critic or the fixed encoder (the authors compute and drop them), and no update computes one for the
-  fixed embeddings (CatLinear). Adam is fused (the same update rule). The names are CleanRL's, as in td3_continuous.py.
+  none for the critic or the fixed encoder (the authors compute and drop them), and the critic's and the actor's first
+  layers none for the fixed embeddings (CatLinear). Adam is fused (the same update rule). The names are CleanRL's.
 - With --no-checkpoints and --num-envs N, each vector step runs N training steps (one per env step).
 - A signal (SIGINT, SIGTERM, SIGHUP) is acted on between two updates, also inside a training burst: the
   checkpoint keeps the updates still due, and the resumed run makes them before its next env step.
@@ -259,7 +259,7 @@ class LAPReplayBuffer:
         self.priority, self.max_priority = torch.zeros(capacity, device=device), torch.ones((), device=device)
         self.idx = torch.zeros(batch_size, dtype=torch.int64, device=device)  # the last batch's rows
         self.length = torch.zeros((), dtype=torch.int64, device=device)
-        self.exact = torch.device(device).type == "cuda" and torch.are_deterministic_algorithms_enabled()  # (sample)
+        self.exact = torch.device(device).type == "cuda" and torch.are_deterministic_algorithms_enabled()  # see sample
 
     def __len__(self):
         return self.capacity if self.full else self.pos
@@ -528,7 +528,7 @@ def main(args):
     encoder, actor, qf = (Network(*sizes).to(device) for Network in (Encoder, Actor, Critic))  # (seeded in this order)
     fixed_encoder, fixed_encoder_target, checkpoint_encoder = (frozen_copy(encoder) for _ in range(3))
     actor_target, checkpoint_actor, qf_target = frozen_copy(actor), frozen_copy(actor), frozen_copy(qf)
-    value_range, value_clip = torch.tensor([1e8, -1e8], device=device), torch.zeros(2, device=device)  # update_critic
+    value_range, value_clip = torch.tensor([1e8, -1e8], device=device), torch.zeros(2, device=device)  # (update_critic)
     # fused: one kernel for all parameters, 2-3x faster than the default foreach Adam on CPU; same update rule
     adam = partial(torch.optim.Adam, fused=True, capturable=args.cudagraphs)
     encoder_optimizer = adam(encoder.parameters(), lr=args.encoder_lr)
@@ -578,7 +578,7 @@ def main(args):
                 next_obs, reward, terminated, truncated, infos = envs.step(to_env(action, low, high))
                 global_step += args.num_envs
                 run.metrics.check_finite(global_step, reward=reward, observation=next_obs)
-                updates_due = args.num_envs if allow_train and not use_checkpoints else 0  # else bursts: episode ends
+                updates_due = args.num_envs if allow_train and not use_checkpoints else 0  # else bursts, episode ends
                 episode_return += reward
                 episode_length += 1
                 for i in np.flatnonzero(terminated | truncated):
