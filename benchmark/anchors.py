@@ -20,7 +20,7 @@ mark is timed; start-up is its first step of any env.
 The anchors come from their own checkouts under --anchors DIR, which this project does not hold:
     git clone https://github.com/vwxyzjn/cleanrl DIR/cleanrl      # td3_continuous_action.py, sac_continuous_action.py
     git clone https://github.com/sfujim/TD7 DIR/TD7               # run through a gym-to-gymnasium adapter (below)
-    git clone https://github.com/meta-pytorch/LeanRL DIR/LeanRL   # on a GPU only; needs tensordict, torchrl, wandb
+    git clone https://github.com/meta-pytorch/LeanRL DIR/LeanRL   # on a GPU only; needs tensordict and torchrl
 A pair whose anchor is missing is skipped, saying so. Pairs: ours eager against CleanRL's (TD3, SAC) and the TD7
 authors' code; on a GPU also ours with CUDA graphs (the default there) against LeanRL's compile+cudagraphs and the
 TD7 authors' code. Each pair runs alternately, --repeats times; the table gives each program's median and range, and
@@ -185,7 +185,8 @@ make = Env
 
 def anchor_command(name, anchors, device, updates, adapter):
     """(command, extra PYTHONPATH entries, extra environment) of an anchor, or a false value where its checkout (or
-    for LeanRL, a package it needs) is missing; `adapter`: the folder of the gym adapter (timing_folder's)."""
+    for LeanRL, tensordict or torchrl) is missing; `adapter`: timing_folder's folder of the gym adapter and the
+    stand-in wandb."""
     total, cleanrl, leanrl, td7 = RANDOM_STEPS + updates + 1, anchors / "cleanrl", anchors / "LeanRL", anchors / "TD7"
     common = ["--env-id", "Hopper-v4", "--learning-starts", str(RANDOM_STEPS), "--total-timesteps", str(total)]
     if name.startswith("cleanrl"):
@@ -193,15 +194,28 @@ def anchor_command(name, anchors, device, updates, adapter):
         flags = common + ["--cuda" if device == "cuda" else "--no-cuda"]
         return script.exists() and ([sys.executable, str(script), *flags], [cleanrl], {})
     if name.startswith("leanrl"):
-        if not all(importlib.util.find_spec(package) for package in ("tensordict", "torchrl", "wandb")):
+        if not all(importlib.util.find_spec(package) for package in ("tensordict", "torchrl")):
             return None
         script = leanrl / "leanrl" / f"{name.split()[1]}_continuous_action_torchcompile.py"
         flags = common + ["--compile", "--cudagraphs"]
-        return script.exists() and ([sys.executable, str(script), *flags], [leanrl], {"WANDB_MODE": "disabled"})
+        paths = [leanrl] + [adapter / "no_wandb"] * (importlib.util.find_spec("wandb") is None)
+        return script.exists() and ([sys.executable, str(script), *flags], paths, {"WANDB_MODE": "disabled"})
     flags = ["--env", "Hopper-v4", "--timesteps_before_training", str(RANDOM_STEPS), "--max_timesteps", str(total)]
     flags += ["--eval_freq", str(10 * total), "--eval_eps", "1"]  # (it evaluates at step 0 whatever the frequency)
     hide_gpu = {} if device == "cuda" else {"CUDA_VISIBLE_DEVICES": ""}  # (it takes a GPU wherever there is one)
     return (td7 / "main.py").exists() and ([sys.executable, str(td7 / "main.py"), *flags], [td7, adapter], hide_gpu)
+
+
+# For LeanRL where wandb is not installed (a GPU machine's python may lack it): it imports wandb whatever its flags
+# say, and runs here with WANDB_MODE=disabled, so a wandb that does nothing changes nothing it computes or times.
+NO_WANDB = """
+def init(*args, **kwargs):
+    pass
+
+
+def log(*args, **kwargs):
+    pass
+"""
 
 
 def versions(anchors):
@@ -235,11 +249,13 @@ def pairs(devices):
 
 
 def timing_folder(workdir):
-    """Write the hook (as sitecustomize.py) into `workdir` and the gym adapter into a folder there; return that."""
+    """Write the hook (as sitecustomize.py) into `workdir` and the gym adapter into a folder there, the stand-in
+    wandb into a folder in that; return the adapter's folder."""
     (Path(workdir) / "sitecustomize.py").write_text(HOOK)
     adapter = Path(workdir) / "adapter"
-    adapter.mkdir(exist_ok=True)
+    (adapter / "no_wandb").mkdir(parents=True, exist_ok=True)
     (adapter / "gym.py").write_text(GYM_ADAPTER)
+    (adapter / "no_wandb" / "wandb.py").write_text(NO_WANDB)
     return adapter
 
 

@@ -46,7 +46,8 @@ failed=0
 # The packages the device lacks, at the versions this project is tested with, and what they need that it lacks too.
 WHEELS="gymnasium==1.4.0 farama-notifications==0.0.6 mujoco==4.0.0 mujoco-core==4.0.0 mujoco-studio==4.0.0
   websockets==17.4 glfw==2.11.0 pyopengl==3.1.10 tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.1
-  typing-extensions==4.16.0 tqdm==4.70.1"
+  typing-extensions==4.16.0 tqdm==4.70.1
+  tensordict==0.15.3 torchrl==0.14.1 pyvers==0.2.3"  # (LeanRL's, for the anchors: tensordict 0.15 needs torch 2.11)
 # What the device has and these need; the rehearsal's environment gets them from PyPI (torch: its CPU build).
 DEVICE_HAS="numpy tensorboard pytest matplotlib rich cloudpickle absl-py etils fsspec zipp pillow imageio"
 

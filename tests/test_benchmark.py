@@ -518,6 +518,25 @@ def test_anchor_ops_counted_by_kind(tmp_path):
     assert ops["optimizer steps"] == 0.5 and 0 < ops["in optimizer steps"] / 0.5 < 20, ops
 
 
+def test_leanrl_without_wandb_gets_a_stand_in(tmp_path, monkeypatch):
+    """Where tensordict and torchrl are installed and wandb is not, LeanRL's command gets a wandb that does nothing:
+    a program that imports it, calls init and log as LeanRL's scripts do and steps an env, is timed."""
+    import benchmark.anchors as anchors
+
+    found = {"tensordict": True, "torchrl": True, "wandb": None}
+    monkeypatch.setattr(anchors.importlib.util, "find_spec", lambda name, *args: found.get(name, True))
+    script = tmp_path / "anchors" / "LeanRL" / "leanrl" / "td3_continuous_action_torchcompile.py"
+    script.parent.mkdir(parents=True)
+    uses = "import wandb\nwandb.init(project='x', config={})\nwandb.log({'a': 1}, step=1)\n"
+    script.write_text(uses + "open('wandb_file', 'w').write(wandb.__file__)\n" + STEPPER)
+    adapter = anchors.timing_folder(tmp_path)
+    command, paths, env = anchors.anchor_command("leanrl td3", tmp_path / "anchors", "cuda", 200, adapter)
+    assert adapter / "no_wandb" in paths and env == {"WANDB_MODE": "disabled"}
+    command = [sys.executable, "-c", script.read_text(), "env"]  # (LeanRL's flags dropped: the stand-in takes none)
+    assert isinstance(anchors.measure(command, paths, env, 200, tmp_path), dict)
+    assert (tmp_path / "wandb_file").read_text() == str(adapter / "no_wandb" / "wandb.py")
+
+
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU machine runs the phases for real")
 def test_gpu_check_without_a_gpu_says_so_and_leaves_no_folder(tmp_path):
     """gpu_check.sh's GPU phases refuse a machine without CUDA in one line, and an unknown phase gets the usage line;
