@@ -31,9 +31,9 @@
 #
 # rehearse: in a fresh virtual environment holding only what the device has (torch, numpy, tensorboard, pytest,
 # matplotlib, rich and the like, no gymnasium, mujoco or tyro), the wheels of .whl-rehearsal/ (this machine's python
-# version) installed as the device installs them; then the test collection, the CPU half of the tests
-# (tests/test_fast_path.py, tests/test_gpu.py skipping), the table's CPU rows (eager and compile), and where .anchors/
-# is there, the anchors on the CPU at 200 updates (that they run here, not their speed).
+# version) installed as the device installs them; then the test collection, that LeanRL's packages import, the CPU
+# half of the tests (tests/test_fast_path.py, tests/test_gpu.py skipping), the table's CPU rows (eager and compile),
+# and where .anchors/ is there, the anchors on the CPU at 200 updates (that they run here, not their speed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phase=${1:-all}
@@ -47,7 +47,10 @@ failed=0
 WHEELS="gymnasium==1.4.0 farama-notifications==0.0.6 mujoco==4.0.0 mujoco-core==4.0.0 mujoco-studio==4.0.0
   websockets==17.4 glfw==2.11.0 pyopengl==3.1.10 tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.1
   typing-extensions==4.16.0 tqdm==4.70.1
-  tensordict==0.15.3 torchrl==0.14.1 pyvers==0.2.3"  # (LeanRL's, for the anchors: tensordict 0.15 needs torch 2.11)
+  tensordict==0.6.2 torchrl==0.6.0 orjson==3.13.0"
+# (the last three: LeanRL's, for the anchors. From tensordict 0.7 on, its SAC's acting module, which returns three
+# tensors for one out_key, is refused; with 0.15 its TD3's acting copy keeps gradients. Both ran with these, eager
+# and compiled, on the CPU with torch 2.13.)
 # What the device has and these need; the rehearsal's environment gets them from PyPI (torch: its CPU build).
 DEVICE_HAS="numpy tensorboard pytest matplotlib rich cloudpickle absl-py etils fsspec zipp pillow imageio"
 
@@ -135,6 +138,7 @@ rehearse)
   step install install .whl-rehearsal
   export PYTHONPATH=/tmp/site CUDA_VISIBLE_DEVICES=
   step collection "$PYTHON" -m pytest tests --collect-only -q -p no:cacheprovider
+  step leanrl-imports "$PYTHON" -c "from tensordict.nn import CudaGraphModule; from torchrl.data import ReplayBuffer"
   step tests gpu_tests pytest tests/test_fast_path.py tests/test_gpu.py
   step table table cpu eager compile
   if [ -d .anchors ]; then  # the anchors' route (their scripts run in this environment), not their speed
