@@ -26,13 +26,13 @@ The status lines and the summary at the end say which GPU and cores each run had
 line and runs as without --runs-per-gpu. Processes on one GPU time-slice it: one runs its kernels at a time. CUDA's
 Multi-Process Service (MPS) runs the kernels of several processes side by side, which small-kernel work like these
 updates needs; so with two or more runs per GPU the sweep starts an MPS control daemon for each GPU
-(nvidia-cuda-mps-control -d, its pipe and log directories under {dir}/mps/, the daemon shown its GPU and the runs
-pointed to the daemon's pipe, as NVIDIA's guide sets it up) and stops it (echo quit | nvidia-cuda-mps-control) when
-the sweep ends, Ctrl-C and SIGTERM included. It says in one line when it does not: no nvidia-cuda-mps-control on
-the PATH, a daemon that it did not start answers already (the runs use that one, and the sweep never stops it), a
-GPU in compute mode Prohibited, or the daemon refused to start (not allowed). --no-mps turns it off. A GPU in
-exclusive-process mode takes one process only, so it needs MPS to hold more than one run. benchmark/speed.py
---together measures what N runs on one GPU make, with and without MPS.
+(nvidia-cuda-mps-control -d, its pipe and log directories under {dir}/mps/, the pipe in /tmp where its socket's path
+would be too long, the daemon shown its GPU and the runs pointed to its pipe, as NVIDIA's guide sets it up) and stops it
+(echo quit | nvidia-cuda-mps-control) when the sweep ends, Ctrl-C and SIGTERM included. It says in one line when it does
+not: no nvidia-cuda-mps-control on the PATH, a daemon that it did not start answers already (the runs use that one, and
+the sweep never stops it), a GPU in compute mode Prohibited, or the daemon refused to start (not allowed). --no-mps
+turns it off. A GPU in exclusive-process mode takes one process only, so it needs MPS to hold more than one run.
+benchmark/speed.py --together measures what N runs on one GPU make, with and without MPS.
 
 With --slurm, the same runs become one `sbatch` job array: task i runs this file in local mode for its runs (the
 i-th (env, seed); with --runs-per-gpu N, N of them on each of its --gpus, default 1, asking for N x --threads
@@ -209,10 +209,11 @@ def start_mps(gpus, directory, say):
     started, root = {}, Path(directory).resolve() / "mps" / f"{os.uname().nodename}-{os.getpid()}"  # one per sweep
     for gpu in gpus:
         logs = root / f"gpu{gpu.name}"
+        logs.mkdir(parents=True, exist_ok=True)
         pipe = logs / "pipe"
-        if len(str(pipe / "control")) > 100:  # a unix socket's path has at most 107 bytes
+        if len(str(pipe / "control")) > 100:  # a unix socket's path has at most 107 bytes: the pipe in /tmp instead
             pipe = Path(tempfile.mkdtemp(prefix=f"mps-gpu{gpu.name}-"))
-        pipe.mkdir(parents=True, exist_ok=True)
+        pipe.mkdir(exist_ok=True)
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu.id, CUDA_MPS_PIPE_DIRECTORY=str(pipe))
         result = subprocess.run([MPS_CONTROL, "-d"], env={**env, "CUDA_MPS_LOG_DIRECTORY": str(logs)}, **TEXT)
         if result.returncode:  # not allowed (no rights on the GPU, another user's server, ...)
@@ -227,12 +228,15 @@ def start_mps(gpus, directory, say):
 
 
 def stop_mps(started, say):
-    """Stop the MPS control daemons this sweep started (`echo quit | nvidia-cuda-mps-control`), and no other."""
+    """Stop the MPS control daemons this sweep started (`echo quit | nvidia-cuda-mps-control`), and no other; a pipe
+    directory made in /tmp goes with its daemon."""
     for pipe, logs in started.values():
         env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe), CUDA_MPS_LOG_DIRECTORY=str(logs))
         result = subprocess.run([MPS_CONTROL], input="quit\n", env=env, **TEXT)
         if result.returncode:
             say(f"MPS: the daemon of {pipe} did not quit (exit {result.returncode}): `echo quit | {MPS_CONTROL}` there")
+        elif pipe.parent != logs:
+            shutil.rmtree(pipe, ignore_errors=True)
     started.clear()
 
 

@@ -228,7 +228,7 @@ def check_memory(module, device, buffer_bytes, monkeypatch, **kwargs):
 def gpu_stand_ins(tmp_path, monkeypatch):
     """Stand-ins for nvidia-smi (listing `gpus` GPUs in compute mode `mode`) and nvidia-cuda-mps-control, first on
     the PATH: gpu_stand_ins(gpus=1) returns the file where both record how they were called, one line a call. The
-    daemon's stand-in is a process that lives until `quit` comes (its pid in the pipe directory's stand-in.pid), so a
+    daemon's stand-in is a process that lives until `quit` comes (its pid in the log directory's stand-in.pid), so a
     test can see that the daemon a sweep started is gone. They check what the sweep calls; they measure nothing.
     `fail`: the daemon's stand-in refuses to start, as where it is not allowed."""
 
@@ -243,14 +243,14 @@ def gpu_stand_ins(tmp_path, monkeypatch):
         )
         (bin_dir / "nvidia-cuda-mps-control").write_text(
             "#!/usr/bin/env bash\n"
-            'pipe="$CUDA_MPS_PIPE_DIRECTORY"\n'
+            'pipe="$CUDA_MPS_PIPE_DIRECTORY" pid="$CUDA_MPS_LOG_DIRECTORY/stand-in.pid"\n'
             'if [ "$1" = -d ]; then\n'
             f'  echo "-d pipe=$pipe log=$CUDA_MPS_LOG_DIRECTORY visible=$CUDA_VISIBLE_DEVICES" >> {record}\n'
             + ('  echo "An MPS daemon may not be started here" >&2; exit 1\n' if fail else "")
             + "  setsid sleep 3600 </dev/null >/dev/null 2>&1 &\n"
-            + '  echo $! > "$pipe/stand-in.pid"; touch "$pipe/control"\n'
+            + '  echo $! > "$pid"; touch "$pipe/control"\n'
             f'else\n  read -r command; echo "$command pipe=$pipe" >> {record}\n'
-            '  [ "$command" = quit ] && kill "$(cat "$pipe/stand-in.pid")" && rm "$pipe/control"\nfi\n'
+            '  [ "$command" = quit ] && kill "$(cat "$pid")" && rm "$pipe/control"\nfi\n'
         )
         for tool in bin_dir.iterdir():
             tool.chmod(0o755)

@@ -10,7 +10,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -246,16 +248,34 @@ def run_environment(pid):
     return sorted(os.sched_getaffinity(pid)), {k: v for k, v in env.items() if k.startswith("CUDA_")}
 
 
+def mps_dirs(record):
+    """The pipe and log directories of the one MPS daemon a sweep started, as the daemon's stand-in was given them."""
+    (start,) = [line.split() for line in record.read_text().splitlines() if line.startswith("-d ")]
+    return Path(start[1].removeprefix("pipe=")), Path(start[2].removeprefix("log="))
+
+
+@pytest.fixture
+def short_tmp():
+    """A fresh directory in /tmp, removed after the test: pytest's tmp_path can be too deep for a unix socket's path
+    (under xdist it is)."""
+    path = Path(tempfile.mkdtemp(prefix="s"))
+    yield path
+    shutil.rmtree(path)
+
+
 @needs_two_cores
-def test_sweep_fills_a_gpu_and_runs_its_mps_daemon(tmp_path, gpu_stand_ins):
+@pytest.mark.parametrize("long_dir", [False, True])
+def test_sweep_fills_a_gpu_and_runs_its_mps_daemon(long_dir, tmp_path, short_tmp, gpu_stand_ins):
     """--runs-per-gpu 2 on the one GPU nvidia-smi's stand-in lists: two runs at a time, on cores 0 and 1, the third on
-    the core that one of them left; an MPS control daemon started for that GPU (pipe and logs under the sweep's
-    directory, the daemon shown the GPU by its UUID) and told to quit at the end; each run's GPU said as it starts
-    and ends and in the summary."""
+    the core that one of them left; an MPS control daemon started for that GPU (logs under the sweep's directory, the
+    pipe there too unless its socket's path would be too long, then in /tmp and removed with the daemon; the daemon
+    shown the GPU by its UUID) and told to quit at the end; each run's GPU said as it starts and ends and in the
+    summary."""
     record = gpu_stand_ins(gpus=1)
+    sweep_dir = tmp_path / ("s" * 90) if long_dir else short_tmp
     result = sweep_cli(
-        tmp_path, "--envs", "tests.toy_envs:Counter-v0", "--seeds", "1", "2", "3", "--runs-per-gpu", "2", "--dir", "s",
-        *FLAGS,
+        tmp_path, "--envs", "tests.toy_envs:Counter-v0", "--seeds", "1", "2", "3", "--runs-per-gpu", "2",
+        "--dir", str(sweep_dir), *FLAGS,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
@@ -268,12 +288,18 @@ def test_sweep_fills_a_gpu_and_runs_its_mps_daemon(tmp_path, gpu_stand_ins):
     assert out.strip().splitlines()[-1] == (
         "GPU 0: tests.toy_envs:Counter-v0 seed 1, tests.toy_envs:Counter-v0 seed 2, tests.toy_envs:Counter-v0 seed 3"
     )
-    assert len(list((tmp_path / "s/runs").glob("*/evaluations.csv"))) == 3
-    (root,) = (tmp_path / "s/mps").iterdir()
+    assert len(list((sweep_dir / "runs").glob("*/evaluations.csv"))) == 3
+    (root,) = (sweep_dir / "mps").iterdir()
+    pipe, logs = mps_dirs(record)
+    assert logs == root.resolve() / "gpu0"
     calls = [line for line in record.read_text().splitlines() if not line.startswith("nvidia-smi")]
-    pipe = root.resolve() / "gpu0/pipe"
-    assert calls == [f"-d pipe={pipe} log={pipe.parent} visible=GPU-stand-in-0", f"quit pipe={pipe}"]
-    assert ends(int((pipe / "stand-in.pid").read_text()))
+    assert calls == [f"-d pipe={pipe} log={logs} visible=GPU-stand-in-0", f"quit pipe={pipe}"]
+    if len(str(logs / "pipe/control")) <= 100:  # a unix socket's path has at most 107 bytes
+        assert pipe == logs / "pipe"
+    else:
+        assert pipe.parent == Path(tempfile.gettempdir()) and pipe.name.startswith("mps-gpu0-")
+        assert not pipe.exists()
+    assert ends(int((logs / "stand-in.pid").read_text()))
 
 
 @needs_two_cores
@@ -296,8 +322,8 @@ def test_ctrl_c_to_a_gpu_sweep_leaves_no_run_and_no_daemon(mps, tmp_path, gpu_st
         pids = subprocess.run(["pgrep", "-f", name], capture_output=True, text=True).stdout.split()
         seen = sorted((run_environment(int(pid)) for pid in pids if int(pid) != proc.pid), key=str)  # the runs
         if mps:
-            (pipe,) = (tmp_path / "s/mps").resolve().glob("*/gpu0/pipe")
-            cuda = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(pipe.parent)}
+            pipe, logs = mps_dirs(record)
+            cuda = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(logs)}
         else:
             cuda = {"CUDA_VISIBLE_DEVICES": "GPU-stand-in-0"}
         assert seen == [([0], cuda), ([1], cuda)]
@@ -313,7 +339,7 @@ def test_ctrl_c_to_a_gpu_sweep_leaves_no_run_and_no_daemon(mps, tmp_path, gpu_st
     exclusive = "a GPU is in compute mode Exclusive_Process: it takes one process, so one run unless MPS serves it"
     assert (exclusive in stdout) == (not mps), stdout
     if mps:
-        assert ends(int((pipe / "stand-in.pid").read_text())), "the MPS daemon outlived its sweep"
+        assert ends(int((logs / "stand-in.pid").read_text())), "the MPS daemon outlived its sweep"
 
 
 def test_mps_is_started_only_where_it_can_be_and_others_are_left_alone(tmp_path, gpu_stand_ins, monkeypatch):
