@@ -280,8 +280,8 @@ def ends(pid, within=10.0):
 
 # The two tiers (README, Tests). The first, `python -m pytest tests -m "not slow"`, keeps every script's unit tests, a
 # short run of each through its real command line, its bad input and its resume, and each lifecycle case for one
-# script, td3_continuous; the second, `-m slow` (`-n 2` in CI, on both cores), is everything below, which `python -m
-# pytest tests` runs too. Chosen from each test's duration on the 2-core machine (the README's Tests section gives
+# script, td3_continuous; the second, `-m slow`, is everything below, which `python -m pytest tests` runs too (CI runs
+# that on both cores, `-n 2`). Chosen from each test's duration on the 2-core machine (the README's Tests section gives
 # both tiers' times).
 SECOND_TIER = [
     "tests/test_learning.py",  # the learning tests: 2 to 6 minutes each
@@ -313,7 +313,7 @@ ONE_SCRIPT_IN_THE_FIRST_TIER = [
 
 
 def pytest_collection_modifyitems(config, items):
-    # The learning tests first: with -n 2 (the second tier on both cores) the longest are handed out before the rest,
+    # The learning tests first: with -n 2 (both cores, as CI runs the suite) the longest are handed out before the rest,
     # so that no worker starts a 5-minute test while the other has nothing left (a stable sort: the rest keep order).
     items.sort(key=lambda item: not item.nodeid.startswith("tests/test_learning.py"))
     for item in items:
