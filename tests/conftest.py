@@ -42,12 +42,9 @@ CONTINUOUS_SCRIPTS = ["td3_continuous", "td7_continuous", "sac_continuous", "erl
 # Each script with its default env; the common tests run over all of them.
 DEFAULT_ENV = {**{script: "Hopper-v4" for script in CONTINUOUS_SCRIPTS}, "sac_discrete": "CartPole-v1"}
 SCRIPTS = list(DEFAULT_ENV)
-# How a script runs two training envs at once (TD7's checkpoints judge whole episodes of one policy; ERL has one
-# env per individual).
-TWO_ENV_FLAGS = {
-    "td7_continuous": ["--num-envs", "2", "--no-checkpoints"],
-    "erl_td3": ["--pop-size", "2", "--num-elites", "1"],
-}
+# ERL's smallest population, for the cases that are not about the population: 2 individuals (one of them the elite)
+# beside the learner, so that a generation is 3 episodes, not the default's 11 (flags_with(flags, **ERL_SMALL)).
+ERL_SMALL = {"pop_size": 2, "num_elites": 1}
 
 
 def flags_with(flags, **overrides):
@@ -60,6 +57,14 @@ def flags_with(flags, **overrides):
         else:
             flags += [flag, str(value)]
     return flags
+
+
+# How a script runs two training envs at once (TD7's checkpoints judge whole episodes of one policy; ERL has one
+# env per individual).
+TWO_ENV_FLAGS = {
+    "td7_continuous": ["--num-envs", "2", "--no-checkpoints"],
+    "erl_td3": flags_with([], **ERL_SMALL),
+}
 
 
 def toy_env(script, name):

@@ -23,6 +23,7 @@ import torch
 
 from tests.conftest import (
     DEFAULT_ENV,
+    ERL_SMALL,
     REPO,
     SCRIPTS,
     TINY,
@@ -187,7 +188,7 @@ def test_no_mujoco_deprecation_noise(script, tmp_path):
     at its source, so a run prints neither, and leaves no file. (sac_discrete refuses the env with one line.)"""
     flags = flags_with(TINY, env_id="HalfCheetah-v4", total_timesteps=300, eval_freq=150, eval_episodes=1)
     if script == "erl_td3":  # a generation of 2 individuals and the learner, not of 10 (27 s, not 63)
-        flags = flags_with(flags, pop_size=2, num_elites=1)
+        flags = flags_with(flags, **ERL_SMALL)
     result = run_cli(script, flags, tmp_path)
     assert result.returncode == (1 if script == "sac_discrete" else 0), result.stderr
     assert "settotalmass" not in result.stdout + result.stderr

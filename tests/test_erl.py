@@ -7,6 +7,7 @@ import torch
 
 import erl_td3
 from tests.conftest import (
+    ERL_SMALL,
     TINY,
     assert_same,
     flags_with,
@@ -261,8 +262,8 @@ def test_erls_learner_settings_run_and_log_the_learners_saturation(tmp_path, mon
     of its actions at a bound; the optimizers take the two learning rates, and the checkpoint keeps the best return."""
     erls = ["--actor-layer-norm", "--actor-hidden", "128", "--learner-init-scale", "0.1", "--actor-lr", "5e-5"]
     erls += ["--critic-lr", "5e-4", "--critic-grad-clip", "10", "--tau", "0.001", "--batch-size", "128"]
-    flags = flags_with(TINY, env_id="Pendulum-v1", total_timesteps=2400, learning_starts=400, pop_size=2)
-    flags = flags_with(flags, num_elites=1, eval_freq=0, checkpoint_freq=1200) + erls
+    flags = flags_with(TINY, env_id="Pendulum-v1", total_timesteps=2400, learning_starts=400, **ERL_SMALL)
+    flags = flags_with(flags, eval_freq=0, checkpoint_freq=1200) + erls
     run = run_main("erl_td3", flags, tmp_path, monkeypatch)
     checkpoint = load_checkpoint(run["run_dir"])
     assert checkpoint["state"]["actor_optimizer_0"]["param_groups"][0]["lr"] == 5e-5

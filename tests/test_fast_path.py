@@ -14,7 +14,7 @@ import torch
 import torch._dynamo.utils
 import torch._inductor.config
 
-from tests.conftest import SCRIPTS, TINY, flags_with, load_checkpoint, run_main
+from tests.conftest import ERL_SMALL, SCRIPTS, TINY, flags_with, load_checkpoint, run_main
 
 # Learning starts at 200 steps; 20 updates later the run ends. The buffer (150 rows) is full before learning starts
 # and wraps while the steps run, so its length stops changing only after a wrap: a recompile would show.
@@ -31,8 +31,7 @@ def fast_path_flags(script):
         return flags_with(
             TWENTY_UPDATES,
             env_id="Pendulum-v1",
-            pop_size=2,
-            num_elites=1,
+            **ERL_SMALL,
             utd_ratio=0.05,
             total_timesteps=1200,
             buffer_size=1000,

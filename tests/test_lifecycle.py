@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.conftest import (
+    ERL_SMALL,
     SCRIPTS,
     TINY,
     flags_with,
@@ -169,7 +170,7 @@ def test_signal_during_an_evaluation(script, tmp_path):
         checkpoint_freq=0,
     )
     if script == "erl_td3":  # one generation of 3 episodes of 1000 steps (300 updates, not 3000), then its evaluation
-        flags = flags_with(flags, pop_size=2, num_elites=1, utd_ratio=0.1)
+        flags = flags_with(flags, **ERL_SMALL, utd_ratio=0.1)
     stderr = interrupt(start_cli(script, flags, tmp_path), tmp_path)
     run_dir = the_run_dir(tmp_path)
     step = load_checkpoint(run_dir)["global_step"]
@@ -245,7 +246,7 @@ def test_non_finite_reward_is_never_stored(script, tmp_path):
         eval_freq=0,
     )
     if script == "erl_td3":  # generations of 21 steps: one checkpoint before the bad reward
-        flags = flags_with(flags, pop_size=2, num_elites=1)
+        flags = flags_with(flags, **ERL_SMALL)
     result = run_cli(script, flags, tmp_path)
     assert result.returncode == 1
     one_error_line(result.stderr, "error: non-finite reward at global_step ")
@@ -261,7 +262,7 @@ def test_env_without_a_time_limit(script, tmp_path):
     step limit."""
     flags = flags_with(TINY, env_id=toy_env(script, "CounterNoLimit-v0"), total_timesteps=300, eval_episodes=1)
     if script == "erl_td3":  # its training envs get a time limit of 1,000 steps: 3 episodes a generation (300 updates)
-        flags = flags_with(flags, pop_size=2, num_elites=1, utd_ratio=0.1)
+        flags = flags_with(flags, **ERL_SMALL, utd_ratio=0.1)
     result = run_cli(script, flags, tmp_path)
     assert result.returncode == 0, result.stderr
     run_dir = the_run_dir(tmp_path)
